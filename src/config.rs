@@ -1,0 +1,77 @@
+//! Settings, from flags and the environment (`WASMBOX_*`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::engine::limits::Limits;
+
+/// Everything a [`crate::Wasmbox`] needs to know; [`Config::from_env`] gives the defaults.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where `fetch-runtimes.sh` put the runtimes.
+    pub runtimes_dir: PathBuf,
+    /// Where compiled modules are cached (outside the repo).
+    pub cache_dir: PathBuf,
+    /// Limits used when a call gives none.
+    pub default_limits: Limits,
+    /// The most a call may ask for.
+    pub max_timeout: Duration,
+    pub max_memory_bytes: usize,
+    pub max_output_bytes: usize,
+    /// Largest accepted code input.
+    pub max_code_bytes: usize,
+    /// Executions that may run at once; more wait their turn.
+    pub max_concurrency: usize,
+}
+
+pub const MIB: usize = 1 << 20;
+
+impl Config {
+    /// Defaults, overridden by `WASMBOX_RUNTIMES`, `WASMBOX_CACHE`, `WASMBOX_MEMORY_MB`,
+    /// `WASMBOX_OUTPUT_BYTES` and `WASMBOX_CONCURRENCY`.
+    pub fn from_env() -> Self {
+        let env_num = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+        };
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        let memory = env_num("WASMBOX_MEMORY_MB").map_or(1024 * MIB, |m| m * MIB);
+        let output = env_num("WASMBOX_OUTPUT_BYTES").unwrap_or(MIB);
+        Config {
+            runtimes_dir: std::env::var_os("WASMBOX_RUNTIMES")
+                .map(PathBuf::from)
+                .unwrap_or_else(default_runtimes_dir),
+            cache_dir: std::env::var_os("WASMBOX_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(default_cache_dir),
+            default_limits: Limits {
+                timeout: Duration::from_secs(30),
+                memory_bytes: memory,
+                output_bytes: output,
+            },
+            max_timeout: Duration::from_secs(300),
+            max_memory_bytes: memory.max(4096 * MIB),
+            max_output_bytes: output.max(16 * MIB),
+            max_code_bytes: 4 * MIB,
+            max_concurrency: env_num("WASMBOX_CONCURRENCY").unwrap_or(cores * 2).max(1),
+        }
+    }
+}
+
+/// `./runtimes` when run from a checkout, else the checkout this binary was built from.
+fn default_runtimes_dir() -> PathBuf {
+    let here = PathBuf::from("runtimes");
+    if here.join("manifest.toml").is_file() {
+        return here;
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("runtimes")
+}
+
+fn default_cache_dir() -> PathBuf {
+    dirs::cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("wasmbox")
+}

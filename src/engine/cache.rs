@@ -1,0 +1,230 @@
+//! Compiled-module cache.
+//!
+//! Compiling CPython's 100 MB module takes a minute or more, so each module is compiled once and
+//! kept as a `.cwasm` named by SHA-256 of (module bytes, wasmtime version, engine settings).
+//! Loading one is an mmap (`Module::deserialize_file`), which also backs the copy-on-write memory
+//! images. Files are written atomically; one that wasmtime refuses (corrupt, or from another
+//! engine) is compiled again and replaced. A per-module lock file keeps two processes from
+//! compiling the same module at once.
+
+use std::fs::{self, File};
+use std::hash::{Hash, Hasher};
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use wasmtime::{Engine, Module};
+
+use crate::error::{Error, Result};
+
+/// Where compiled modules live, and how they are named.
+#[derive(Clone, Debug)]
+pub struct ModuleCache {
+    dir: PathBuf,
+}
+
+/// How a module was obtained, for `prepare` and the logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Cached,
+    Compiled,
+}
+
+/// Size and mtime of a source file together with its hash, so an unchanged 100 MB module is not
+/// hashed on every start.
+#[derive(Serialize, Deserialize, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime_ns: u128,
+    sha256: String,
+}
+
+impl ModuleCache {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The cache key of `wasm_sha256` compiled by `engine`.
+    pub fn key(engine: &Engine, wasm_sha256: &str) -> String {
+        // The compatibility hash covers the engine settings that change compiled code; it is
+        // stable for a given wasmtime build, which is all a local cache needs.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut h);
+        let mut d = Sha256::new();
+        d.update(wasm_sha256.as_bytes());
+        d.update(b"\0wasmtime-");
+        d.update(wasmtime_version().as_bytes());
+        d.update(b"\0");
+        d.update(h.finish().to_le_bytes());
+        hex::encode(d.finalize())
+    }
+
+    /// SHA-256 of a file, reusing a stamp kept in the cache when size and mtime are unchanged.
+    pub fn file_sha256(&self, path: &Path) -> Result<String> {
+        let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        let mtime_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let canonical = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let stamp_path = self.dir.join("stamps").join(format!(
+            "{}.json",
+            hex::encode(Sha256::digest(canonical.to_string_lossy().as_bytes()))
+        ));
+        if let Ok(text) = fs::read_to_string(&stamp_path)
+            && let Ok(stamp) = serde_json::from_str::<Stamp>(&text)
+            && stamp.len == meta.len()
+            && stamp.mtime_ns == mtime_ns
+        {
+            return Ok(stamp.sha256);
+        }
+        let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        let sha256 = hex::encode(hasher.finalize());
+        let stamp = Stamp {
+            len: meta.len(),
+            mtime_ns,
+            sha256: sha256.clone(),
+        };
+        // A stamp that cannot be written only costs a re-hash next time.
+        let _ = write_atomically(
+            &stamp_path,
+            serde_json::to_string(&stamp).unwrap().as_bytes(),
+        );
+        Ok(sha256)
+    }
+
+    /// Loads `wasm_path` compiled for `engine`, compiling (with progress on stderr) and caching
+    /// it when no valid cached copy exists.
+    pub fn load(&self, engine: &Engine, wasm_path: &Path, label: &str) -> Result<(Module, Origin)> {
+        let sha = self.file_sha256(wasm_path)?;
+        let key = Self::key(engine, &sha);
+        let cwasm = self.dir.join(format!("{key}.cwasm"));
+        if let Some(module) = self.try_load(engine, &cwasm, label) {
+            return Ok((module, Origin::Cached));
+        }
+        fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        let lock_path = self.dir.join(format!("{key}.lock"));
+        let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+        if lock.try_lock().is_err() {
+            tracing::info!("{label}: another process is compiling this module; waiting for it");
+            lock.lock().map_err(|e| Error::io(&lock_path, e))?;
+            if let Some(module) = self.try_load(engine, &cwasm, label) {
+                return Ok((module, Origin::Cached));
+            }
+        }
+        let bytes = fs::read(wasm_path).map_err(|e| Error::io(wasm_path, e))?;
+        let compiled = with_progress(label, bytes.len(), || engine.precompile_module(&bytes))
+            .map_err(|e| Error::Engine(format!("compiling {label}: {e:#}")))?;
+        drop(bytes);
+        write_atomically(&cwasm, &compiled).map_err(|e| Error::io(&cwasm, e))?;
+        drop(compiled);
+        let module = self.try_load(engine, &cwasm, label).ok_or_else(|| {
+            Error::Engine(format!("{label}: freshly compiled module did not load"))
+        })?;
+        drop(lock);
+        Ok((module, Origin::Compiled))
+    }
+
+    fn try_load(&self, engine: &Engine, cwasm: &Path, label: &str) -> Option<Module> {
+        if !cwasm.is_file() {
+            return None;
+        }
+        // SAFETY: the file is one this cache wrote atomically for this engine's key, in a
+        // directory of the user's own; wasmtime still checks its header and engine settings, and
+        // anything it refuses is recompiled.
+        match unsafe { Module::deserialize_file(engine, cwasm) } {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(
+                    "{label}: cached module {} is unusable ({e:#}); compiling it again",
+                    cwasm.display()
+                );
+                let _ = fs::remove_file(cwasm);
+                None
+            }
+        }
+    }
+}
+
+pub fn wasmtime_version() -> &'static str {
+    // Pinned in Cargo.toml; part of every cache key.
+    "48.0.8"
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so a
+/// reader never sees half a file.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Runs a long compile while showing it is alive: a spinner with elapsed time on a terminal,
+/// a log line every 15 s otherwise (stdout is never touched: it may be the MCP channel).
+fn with_progress<T>(label: &str, size: usize, work: impl FnOnce() -> T) -> T {
+    let mib = size as f64 / (1024.0 * 1024.0);
+    let msg = format!("compiling {label} ({mib:.0} MiB of wasm, once; cached afterwards)");
+    let start = Instant::now();
+    let done = Arc::new(AtomicBool::new(false));
+    let bar: Arc<Mutex<Option<indicatif::ProgressBar>>> = Arc::new(Mutex::new(None));
+    let ticker = if std::io::stderr().is_terminal() {
+        let pb = indicatif::ProgressBar::new_spinner();
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}").unwrap(),
+        );
+        pb.set_message(msg.clone());
+        pb.enable_steady_tick(Duration::from_millis(120));
+        *bar.lock().unwrap() = Some(pb);
+        None
+    } else {
+        tracing::info!("{msg}: this takes a minute or more on 2 cores");
+        let done = done.clone();
+        let label = label.to_string();
+        Some(std::thread::spawn(move || {
+            let mut last = Instant::now();
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                if last.elapsed() >= Duration::from_secs(15) {
+                    last = Instant::now();
+                    tracing::info!(
+                        "still compiling {label}: {:.0} s",
+                        start.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        }))
+    };
+    let out = work();
+    done.store(true, Ordering::Relaxed);
+    if let Some(t) = ticker {
+        let _ = t.join();
+    }
+    if let Some(pb) = bar.lock().unwrap().take() {
+        pb.finish_and_clear();
+    }
+    tracing::info!("compiled {label} in {:.1} s", start.elapsed().as_secs_f64());
+    out
+}

@@ -1,0 +1,204 @@
+//! Per-execution limits: the deadline (epochs), the linear-memory cap (a `ResourceLimiter`) and
+//! capped output capture. Hitting one is recorded so the result can say which limit stopped the
+//! guest.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+use wasmtime::ResourceLimiter;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
+
+/// The limits of one execution. Always on; callers override within the configured maxima.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub timeout: Duration,
+    pub memory_bytes: usize,
+    pub output_bytes: usize,
+}
+
+/// Which limit stopped or cut an execution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitHit {
+    /// The deadline passed; the guest was interrupted.
+    Timeout,
+    /// The guest asked for more linear memory than allowed.
+    Memory,
+    /// The guest kept writing far past the output cap and was stopped.
+    Output,
+}
+
+impl LimitHit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitHit::Timeout => "timeout",
+            LimitHit::Memory => "memory",
+            LimitHit::Output => "output",
+        }
+    }
+}
+
+/// Denies linear-memory growth past the cap, remembering that it did.
+pub struct MemoryLimiter {
+    limit: usize,
+    pub hit: bool,
+}
+
+impl MemoryLimiter {
+    pub fn new(limit: usize) -> Self {
+        Self { limit, hit: false }
+    }
+}
+
+/// Table growth is bounded too, so a guest cannot eat host memory through tables.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            self.hit = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+/// A guest's stdout or stderr: keeps the first `cap` bytes and counts the rest. Past
+/// `KILL_FACTOR` times the cap the guest is stopped, so an endless print loop ends long before
+/// its deadline.
+#[derive(Clone)]
+pub struct CappedOutput(Arc<Mutex<Buffer>>);
+
+const KILL_FACTOR: u64 = 8;
+
+#[derive(Default)]
+struct Buffer {
+    buf: Vec<u8>,
+    cap: usize,
+    dropped: u64,
+    killed: bool,
+}
+
+/// What a guest wrote to one stream.
+#[derive(Debug, Default, Clone)]
+pub struct Captured {
+    pub bytes: Vec<u8>,
+    pub dropped: u64,
+    pub killed: bool,
+}
+
+impl CappedOutput {
+    pub fn new(cap: usize) -> Self {
+        Self(Arc::new(Mutex::new(Buffer {
+            cap,
+            ..Default::default()
+        })))
+    }
+
+    /// Takes what was captured so far.
+    pub fn take(&self) -> Captured {
+        let mut c = self.0.lock().unwrap();
+        Captured {
+            bytes: std::mem::take(&mut c.buf),
+            dropped: std::mem::take(&mut c.dropped),
+            killed: std::mem::take(&mut c.killed),
+        }
+    }
+
+    fn push(&self, bytes: &[u8]) -> Result<(), StreamError> {
+        let mut c = self.0.lock().unwrap();
+        let room = c.cap.saturating_sub(c.buf.len());
+        let keep = room.min(bytes.len());
+        c.buf.extend_from_slice(&bytes[..keep]);
+        c.dropped += (bytes.len() - keep) as u64;
+        if c.dropped > KILL_FACTOR * c.cap as u64 {
+            c.killed = true;
+            return Err(StreamError::Trap(wasmtime::format_err!(
+                "output limit: the guest wrote more than {} bytes",
+                (KILL_FACTOR + 1) * c.cap as u64
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl IsTerminal for CappedOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for CappedOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for CappedOutput {
+    fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
+        self.push(&bytes)
+    }
+
+    fn flush(&mut self) -> Result<(), StreamError> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> Result<usize, StreamError> {
+        Ok(1 << 20)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for CappedOutput {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for CappedOutput {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(
+            self.push(buf)
+                .map(|()| buf.len())
+                .map_err(|_| std::io::Error::other("output limit")),
+        )
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}

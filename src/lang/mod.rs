@@ -1,0 +1,76 @@
+//! Languages: the request and result types every adapter shares, and one adapter per language.
+
+pub mod python;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::engine::limits::LimitHit;
+use crate::error::{Error, Result};
+
+/// A language a caller can ask for. Parsing accepts the usual aliases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    Python,
+    JavaScript,
+    Go,
+    Bash,
+}
+
+impl Language {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "python" | "python3" | "py" => Ok(Language::Python),
+            "javascript" | "js" | "node" | "nodejs" => Ok(Language::JavaScript),
+            "go" | "golang" => Ok(Language::Go),
+            "bash" | "sh" | "shell" => Ok(Language::Bash),
+            _ => Err(Error::UnknownLanguage(s.to_string())),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::JavaScript => "javascript",
+            Language::Go => "go",
+            Language::Bash => "bash",
+        }
+    }
+}
+
+/// One execution as the library sees it, already validated.
+#[derive(Clone, Debug)]
+pub struct ExecRequest {
+    pub language: Language,
+    pub code: String,
+    /// Extra environment for the guest; the host's environment never reaches it.
+    pub env: BTreeMap<String, String>,
+    pub timeout: Duration,
+    pub memory_bytes: usize,
+    pub output_bytes: usize,
+}
+
+/// The outcome of one execution, the same for every language (and, later, the cloud).
+#[derive(Clone, Debug, Serialize)]
+pub struct ExecResult {
+    pub stdout: String,
+    pub stderr: String,
+    /// The guest's exit status: 0 on success, `sys.exit(n)` gives n, an uncaught exception 1,
+    /// a deadline 124, a trap 1 (the message is on stderr).
+    pub exit_code: i32,
+    /// Wall-clock seconds of the execution.
+    pub execution_time: f64,
+    /// `exit_code == 0` and no limit hit.
+    pub success: bool,
+    /// Some output was dropped at the output cap.
+    pub truncated: bool,
+    /// Which limit stopped or cut the execution, if any.
+    pub limit: Option<LimitHit>,
+    pub language: Language,
+}
+
+/// Exit code reported when the deadline stopped a guest (as `timeout(1)` does).
+pub const EXIT_TIMEOUT: i32 = 124;

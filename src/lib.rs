@@ -1,0 +1,248 @@
+//! wasmbox: a local WebAssembly code-execution sandbox for AI assistants.
+//!
+//! The library is the product: [`Wasmbox`] runs code; the MCP server (`mcp`) and the CLI are
+//! thin fronts over it, so tests, benches and both fronts drive the same code.
+
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod lang;
+pub mod mcp;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OnceCell, Semaphore};
+use wasmtime::Engine;
+
+pub use config::Config;
+use engine::cache::{ModuleCache, Origin};
+pub use engine::limits::{LimitHit, Limits};
+pub use error::{Error, Result};
+use lang::python::{PythonPaths, PythonRuntime};
+pub use lang::{ExecRequest, ExecResult, Language};
+
+/// What a caller asks for, before validation (the shape of the MCP tools' arguments).
+#[derive(Clone, Debug, Default)]
+pub struct ExecOptions {
+    pub language: String,
+    pub code: String,
+    pub env: BTreeMap<String, String>,
+    /// Seconds; `None` means the default (30 s).
+    pub timeout_secs: Option<f64>,
+    /// Linear-memory cap in MiB; `None` means the default (1024).
+    pub memory_mb: Option<u64>,
+}
+
+/// The sandbox service: one engine, the loaded runtimes, and the limits.
+#[derive(Clone)]
+pub struct Wasmbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    engine: Engine,
+    cache: ModuleCache,
+    python: OnceCell<Arc<PythonRuntime>>,
+    permits: Semaphore,
+    started: Instant,
+    executions: AtomicU64,
+}
+
+/// Whether a runtime is ready, for `health` and `prepare`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RuntimeStatus {
+    pub language: Language,
+    /// "ready", "not loaded yet", "missing: ...", or "not available in this build".
+    pub status: String,
+}
+
+impl Wasmbox {
+    /// Builds the engine. Runtimes load on first use or with [`Wasmbox::prepare`].
+    pub fn new(config: Config) -> Result<Self> {
+        let engine = engine::build_engine()?;
+        let cache = ModuleCache::new(config.cache_dir.clone());
+        Ok(Self {
+            inner: Arc::new(Inner {
+                permits: Semaphore::new(config.max_concurrency),
+                config,
+                engine,
+                cache,
+                python: OnceCell::new(),
+                started: Instant::now(),
+                executions: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.inner.started.elapsed()
+    }
+
+    pub fn executions(&self) -> u64 {
+        self.inner.executions.load(Ordering::Relaxed)
+    }
+
+    /// Loads every runtime that is available locally, compiling (with progress on stderr) what
+    /// is not cached yet. Returns how each was obtained and how long it took.
+    pub async fn prepare(&self) -> Result<Vec<(Language, Origin, Duration)>> {
+        let start = Instant::now();
+        let (_, origin) = self.load_python().await?;
+        Ok(vec![(Language::Python, origin, start.elapsed())])
+    }
+
+    /// The state of each language's runtime, without loading anything.
+    pub fn runtime_status(&self) -> Vec<RuntimeStatus> {
+        let python = if self.inner.python.initialized() {
+            "ready".to_string()
+        } else {
+            match PythonPaths::new(&self.inner.config.runtimes_dir).check() {
+                Ok(()) => "not loaded yet (loads on first use)".to_string(),
+                Err(e) => format!("missing: {e}"),
+            }
+        };
+        let mut out = vec![RuntimeStatus {
+            language: Language::Python,
+            status: python,
+        }];
+        for language in [Language::JavaScript, Language::Go, Language::Bash] {
+            out.push(RuntimeStatus {
+                language,
+                status: "not available in this build".into(),
+            });
+        }
+        out
+    }
+
+    async fn load_python(&self) -> Result<(Arc<PythonRuntime>, Origin)> {
+        let mut origin = Origin::Cached;
+        let rt = self
+            .inner
+            .python
+            .get_or_try_init(|| async {
+                let inner = self.inner.clone();
+                let (rt, o) = tokio::task::spawn_blocking(move || {
+                    PythonRuntime::load(
+                        &inner.engine,
+                        &inner.cache,
+                        PythonPaths::new(&inner.config.runtimes_dir),
+                    )
+                })
+                .await
+                .map_err(|e| Error::Engine(format!("loading python panicked: {e}")))??;
+                origin = o;
+                Ok::<_, Error>(Arc::new(rt))
+            })
+            .await?;
+        Ok((rt.clone(), origin))
+    }
+
+    /// Validates caller options into a request, with the errors a caller can act on.
+    pub fn request(&self, opts: ExecOptions) -> Result<ExecRequest> {
+        let cfg = &self.inner.config;
+        let language = Language::parse(&opts.language)?;
+        if opts.code.len() > cfg.max_code_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "code is {} bytes; the limit is {} bytes",
+                opts.code.len(),
+                cfg.max_code_bytes
+            )));
+        }
+        let timeout = match opts.timeout_secs {
+            None => cfg.default_limits.timeout,
+            Some(t) if t.is_nan() || t <= 0.0 => {
+                return Err(Error::InvalidArgument(format!(
+                    "Invalid timeout {t}: timeout must be positive (seconds)"
+                )));
+            }
+            Some(t) if t > cfg.max_timeout.as_secs_f64() => {
+                return Err(Error::InvalidArgument(format!(
+                    "Invalid timeout {t}: the maximum is {} seconds",
+                    cfg.max_timeout.as_secs()
+                )));
+            }
+            Some(t) => Duration::from_secs_f64(t),
+        };
+        let memory_bytes = match opts.memory_mb {
+            None => cfg.default_limits.memory_bytes,
+            Some(m) => {
+                let bytes = (m as usize).saturating_mul(config::MIB);
+                if m == 0 || bytes > cfg.max_memory_bytes {
+                    return Err(Error::InvalidArgument(format!(
+                        "Invalid memory limit {m} MiB: it must be between 1 and {} MiB",
+                        cfg.max_memory_bytes / config::MIB
+                    )));
+                }
+                bytes
+            }
+        };
+        for (k, v) in &opts.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(Error::InvalidArgument(format!(
+                    "Invalid environment variable {k:?}: names must be non-empty without '=' or NUL, values without NUL"
+                )));
+            }
+        }
+        Ok(ExecRequest {
+            language,
+            code: opts.code,
+            env: opts.env,
+            timeout,
+            memory_bytes,
+            output_bytes: cfg.default_limits.output_bytes,
+        })
+    }
+
+    /// Runs a one-shot: a fresh sandbox that has never run user code, dropped afterwards.
+    pub async fn execute(&self, req: ExecRequest) -> Result<ExecResult> {
+        match req.language {
+            Language::Python => {}
+            Language::JavaScript | Language::Go => {
+                return Err(Error::LanguageNotAvailable(format!(
+                    "{} is not available yet in this build of wasmbox: only python runs locally so far",
+                    req.language.as_str()
+                )));
+            }
+            Language::Bash => {
+                return Err(Error::LanguageNotAvailable(
+                    "bash needs a shell, which the local WebAssembly sandbox does not have; it is meant to \
+                     run in the HOPX cloud (HOPX_API_KEY), and that fallback is not available yet in this \
+                     build. Use language \"python\" to run locally"
+                        .into(),
+                ));
+            }
+        }
+        let (python, _) = self.load_python().await?;
+        let _permit = self
+            .inner
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| Error::Busy("shutting down".into()))?;
+        self.inner.executions.fetch_add(1, Ordering::Relaxed);
+        on_guest_thread(move || python.run_oneshot(&req)).await
+    }
+}
+
+/// Runs `f` on a fresh thread whose stack can hold the deepest wasm stack a guest may use.
+async fn on_guest_thread<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("wasmbox-guest".into())
+        .stack_size(engine::GUEST_THREAD_STACK)
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|e| Error::Busy(format!("cannot start a guest thread: {e}")))?;
+    rx.await
+        .map_err(|_| Error::Engine("the guest thread ended without a result (host panic)".into()))?
+}

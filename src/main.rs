@@ -1,0 +1,168 @@
+//! The `wasmbox` command: `serve` (MCP over stdio), `run` (one execution), `prepare` (compile
+//! every runtime ahead of time).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use wasmbox::{Config, ExecOptions, Wasmbox};
+
+#[derive(Parser)]
+#[command(
+    name = "wasmbox",
+    version,
+    about = "Local WebAssembly code sandbox for AI assistants (MCP server)"
+)]
+struct Cli {
+    /// Runtimes directory (default: ./runtimes, or the checkout wasmbox was built from).
+    #[arg(long, global = true, env = "WASMBOX_RUNTIMES")]
+    runtimes: Option<PathBuf>,
+    /// Compiled-module cache directory (default: the user cache dir, e.g. ~/.cache/wasmbox).
+    #[arg(long, global = true, env = "WASMBOX_CACHE")]
+    cache_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve MCP over stdio (what Claude Desktop, Cursor and VS Code start).
+    Serve,
+    /// Run code once in a fresh sandbox; prints its output and exits with its exit code.
+    Run {
+        /// python (js, go and bash are not available in this build yet).
+        #[arg(long, short, default_value = "python")]
+        language: String,
+        /// The code; `-` reads it from stdin.
+        #[arg(long, short, conflicts_with = "file")]
+        code: Option<String>,
+        /// Read the code from a file.
+        #[arg(long, short)]
+        file: Option<PathBuf>,
+        /// Deadline in seconds (default 30, max 300).
+        #[arg(long, short)]
+        timeout: Option<f64>,
+        /// Linear-memory cap in MiB (default 1024).
+        #[arg(long)]
+        memory_mb: Option<u64>,
+        /// Environment variable for the guest, KEY=VALUE (repeatable).
+        #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// Print the result object as JSON instead of the guest's output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compile every available runtime now (first time: a minute or more) so later starts are fast.
+    Prepare,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Run { .. } => "warn",
+        _ => "info",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(format!("wasmbox={default_level}"))
+            }),
+        )
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(real_main(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("wasmbox: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
+    let mut config = Config::from_env();
+    if let Some(r) = cli.runtimes {
+        config.runtimes_dir = r;
+    }
+    if let Some(c) = cli.cache_dir {
+        config.cache_dir = c;
+    }
+    let wasmbox = Wasmbox::new(config)?;
+    match cli.command {
+        Command::Serve => {
+            wasmbox::mcp::serve::serve_stdio(wasmbox).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Prepare => {
+            for (lang, origin, took) in wasmbox.prepare().await? {
+                eprintln!(
+                    "{}: {} in {:.1} s (cache: {})",
+                    lang.as_str(),
+                    match origin {
+                        wasmbox::engine::cache::Origin::Cached => "loaded from cache",
+                        wasmbox::engine::cache::Origin::Compiled => "compiled",
+                    },
+                    took.as_secs_f64(),
+                    wasmbox.config().cache_dir.display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run {
+            language,
+            code,
+            file,
+            timeout,
+            memory_mb,
+            env,
+            json,
+        } => {
+            let code = match (code, file) {
+                (Some(c), _) if c == "-" => {
+                    let mut s = String::new();
+                    std::io::stdin()
+                        .read_to_string(&mut s)
+                        .context("reading code from stdin")?;
+                    s
+                }
+                (Some(c), _) => c,
+                (None, Some(f)) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading {}", f.display()))?,
+                (None, None) => {
+                    bail!("give the code with --code '...' (or --code - for stdin) or --file PATH")
+                }
+            };
+            let mut env_map = BTreeMap::new();
+            for kv in env {
+                let (k, v) = kv
+                    .split_once('=')
+                    .with_context(|| format!("--env {kv:?}: expected KEY=VALUE"))?;
+                env_map.insert(k.to_string(), v.to_string());
+            }
+            let req = wasmbox.request(ExecOptions {
+                language,
+                code,
+                env: env_map,
+                timeout_secs: timeout,
+                memory_mb,
+            })?;
+            let result = wasmbox.execute(req).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                use std::io::Write;
+                std::io::stdout().write_all(result.stdout.as_bytes())?;
+                std::io::stderr().write_all(result.stderr.as_bytes())?;
+            }
+            Ok(ExitCode::from(result.exit_code.clamp(0, 255) as u8))
+        }
+    }
+}
