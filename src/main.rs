@@ -61,10 +61,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default_level = match cli.command {
-        Command::Run { .. } => "warn",
-        _ => "info",
-    };
+    // info shows the one-time compile progress; nothing else logs at info outside `serve`.
+    let default_level = "info";
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -57,7 +57,7 @@ export ZIG_LOCAL_CACHE_DIR="$CACHE/zig-local"
 check_sha() { # file expected
     local got
     got="$(sha256 "$1")"
-    [ "$got" = "$2" ] || die "SHA-256 mismatch for $1: got $got, pinned $2"
+    [ "$got" = "$2" ] || die "SHA-256 mismatch for $1: got $got, pinned $2 (delete the file to fetch it again)"
 }
 
 # ---------------------------------------------------------------- zig

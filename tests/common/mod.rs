@@ -1,0 +1,87 @@
+//! Shared helpers: the real `wasmbox` binary, spawned as an MCP server over stdio and driven by
+//! rmcp's client, exactly as an assistant would.
+#![allow(dead_code)]
+
+use std::process::Stdio;
+use std::sync::OnceLock;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_wasmbox");
+
+/// A variable set on the server process only: no guest may ever see it.
+pub const HOST_CANARY: (&str, &str) = ("WASMBOX_TEST_HOST_SECRET", "canary-6c1f0e2b");
+
+/// Compiles the runtimes once per test binary (the module cache is shared across binaries and
+/// guarded by a lock file), so servers start warm.
+pub fn prepare() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let status = std::process::Command::new(BIN)
+            .arg("prepare")
+            .stdout(Stdio::null())
+            .status()
+            .expect("running wasmbox prepare");
+        assert!(status.success(), "wasmbox prepare failed; run ./fetch-runtimes.sh first");
+    });
+}
+
+pub type Client = RunningService<RoleClient, ()>;
+
+/// Starts `wasmbox serve` with extra environment and connects an MCP client to it.
+pub async fn server_with_env(env: &[(&str, &str)]) -> Client {
+    prepare();
+    let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
+        cmd.arg("serve").env(HOST_CANARY.0, HOST_CANARY.1);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+    }))
+    .expect("spawning wasmbox serve");
+    ().serve(transport).await.expect("MCP handshake with wasmbox serve")
+}
+
+pub async fn server() -> Client {
+    server_with_env(&[]).await
+}
+
+/// Calls a tool with JSON arguments.
+pub async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+    let Value::Object(args) = args else {
+        panic!("arguments must be a JSON object")
+    };
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(args))
+        .await
+        .unwrap_or_else(|e| panic!("tools/call {tool} failed at the protocol level: {e}"))
+}
+
+/// The result object: `structuredContent`, checked to be the same as the JSON text block.
+pub fn object(r: &CallToolResult) -> Value {
+    let structured = r.structured_content.clone().expect("structuredContent is set");
+    let text = r
+        .content
+        .first()
+        .and_then(|c| c.as_text())
+        .map(|t| t.text.clone())
+        .expect("a text content block");
+    let parsed: Value = serde_json::from_str(&text).expect("the text block is JSON");
+    assert_eq!(parsed, structured, "text block and structuredContent agree");
+    structured
+}
+
+pub fn is_error(r: &CallToolResult) -> bool {
+    r.is_error == Some(true)
+}
+
+/// Runs Python as a one-shot and returns the result object, asserting it is not a tool error.
+pub async fn py(client: &Client, code: &str) -> Value {
+    let r = call(client, "execute_code", serde_json::json!({"code": code, "language": "python"})).await;
+    assert!(!is_error(&r), "unexpected tool error: {:?}", r.content);
+    object(&r)
+}

@@ -1,0 +1,122 @@
+//! The MCP surface itself: tool list, bad arguments, unknown tools, health, templates, and
+//! protocol faults on the raw stdio stream.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use common::*;
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn lists_the_hopx_compatible_tools() {
+    let c = server().await;
+    let tools = c.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    for want in ["execute_code", "execute_code_isolated", "health", "list_templates"] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    let exec = tools.iter().find(|t| t.name == "execute_code").unwrap();
+    let props = exec.input_schema.get("properties").unwrap();
+    for p in ["code", "mode", "sandbox_id", "language", "timeout", "env", "working_dir"] {
+        assert!(props.get(p).is_some(), "execute_code lacks parameter {p}");
+    }
+    assert_eq!(exec.input_schema["required"], json!(["code"]));
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_arguments_and_unknown_tools_are_tool_errors() {
+    let c = server().await;
+    let r = call(&c, "execute_code", json!({"language": "python"})).await;
+    assert!(is_error(&r));
+    assert!(object(&r)["message"].as_str().unwrap().contains("missing field `code`"));
+    let r = call(&c, "execute_code", json!({"code": "1", "timeout": "soon"})).await;
+    assert!(is_error(&r));
+    let r = call(&c, "execute_code", json!({"code": "1", "timeout": 0})).await;
+    assert!(is_error(&r));
+    assert!(object(&r)["message"].as_str().unwrap().contains("timeout must be positive"));
+    let r = call(&c, "execute_code", json!({"code": "1", "timeout": 100000})).await;
+    assert!(is_error(&r));
+    let r = call(&c, "execute_code", json!({"code": "1", "mode": "persistent"})).await;
+    assert!(is_error(&r));
+    assert_eq!(object(&r)["error"], "Missing sandbox_id");
+    let r = call(&c, "no_such_tool", json!({})).await;
+    assert!(is_error(&r));
+    assert!(object(&r)["message"].as_str().unwrap().starts_with("Unknown tool: no_such_tool"));
+    let big = "x = 1\n".repeat(1 << 20);
+    let r = call(&c, "execute_code", json!({"code": big})).await;
+    assert!(is_error(&r));
+    assert!(object(&r)["message"].as_str().unwrap().contains("limit"));
+    // Still serving.
+    assert_eq!(py(&c, "print('ok')").await["stdout"], "ok\n");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn health_and_templates() {
+    let c = server().await;
+    let h = object(&call(&c, "health", json!({})).await);
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["server"], "wasmbox");
+    assert!(h["runtimes"]["python"].is_string());
+    let t = object(&call(&c, "list_templates", json!({})).await);
+    assert!(t["count"].as_u64().unwrap() >= 1);
+    let first = &t["data"][0];
+    assert_eq!(first["id"], "code-interpreter");
+    assert_eq!(first["language"], "python");
+    assert!(first.get("tags").is_none(), "fields filter applies by default");
+    let all = object(&call(&c, "list_templates", json!({"fields": "all", "limit": 1})).await);
+    assert_eq!(all["count"], 1);
+    assert!(all["data"][0]["default_resources"]["timeout_seconds"].is_number());
+    c.cancel().await.unwrap();
+}
+
+/// Raw JSON-RPC on the wire: garbage gets a JSON-RPC error or is dropped, never a crash, and the
+/// next well-formed request is answered.
+#[test]
+fn malformed_json_rpc_does_not_kill_the_server() {
+    prepare();
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut send = |v: &str| {
+        stdin.write_all(v.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    };
+    send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#);
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let init: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(init["id"], 1);
+    assert_eq!(init["result"]["serverInfo"]["name"], "wasmbox");
+    send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    send("this is not json {{{");
+    send(r#"{"jsonrpc":"2.0","id":2,"method":"no/such/method"}"#);
+    send(r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"execute_code","arguments":{"code":"print(2+2)"}}}"#);
+    let mut seen_method_error = false;
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "server closed stdout");
+        let v: Value = serde_json::from_str(&line).expect("server writes only JSON-RPC to stdout");
+        if v["id"] == 2 {
+            assert!(v["error"]["code"].is_number(), "{v}");
+            seen_method_error = true;
+        }
+        if v["id"] == 3 {
+            assert_eq!(v["result"]["structuredContent"]["stdout"], "4\n", "{v}");
+            break;
+        }
+    }
+    assert!(seen_method_error);
+    drop(stdin);
+    let _ = child.wait();
+}
