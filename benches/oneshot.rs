@@ -5,14 +5,21 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use wasmbox::{Config, ExecOptions, Wasmbox};
 
 fn oneshot(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let wb = Wasmbox::new(Config::from_env()).expect("engine");
-    rt.block_on(wb.prepare()).expect("runtimes: run ./fetch-runtimes.sh");
+    rt.block_on(wb.prepare())
+        .expect("runtimes: run ./fetch-runtimes.sh");
     let mut group = c.benchmark_group("python_oneshot");
     group.sample_size(30);
     for (name, code) in [
         ("print", "print(1+1)"),
-        ("numpy_sum", "import numpy as np\nprint(np.arange(1000).sum())"),
+        (
+            "numpy_sum",
+            "import numpy as np\nprint(np.arange(1000).sum())",
+        ),
     ] {
         group.bench_function(name, |b| {
             b.iter(|| {

@@ -9,10 +9,16 @@ use common::*;
 #[test]
 fn run_prints_output_and_exits_with_guest_code() {
     prepare();
-    let out = Command::new(BIN).args(["run", "--language", "python", "--code", "print(6*7)"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--language", "python", "--code", "print(6*7)"])
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
     assert_eq!(out.status.code(), Some(0));
-    let out = Command::new(BIN).args(["run", "--code", "import sys; sys.exit(7)"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--code", "import sys; sys.exit(7)"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(7));
 }
 
@@ -26,7 +32,12 @@ fn run_json_and_stdin() {
         .spawn()
         .unwrap();
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(b"print('from stdin')\n1/0\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"print('from stdin')\n1/0\n")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["stdout"], "from stdin\n");

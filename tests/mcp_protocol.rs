@@ -14,12 +14,25 @@ async fn lists_the_hopx_compatible_tools() {
     let c = server().await;
     let tools = c.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    for want in ["execute_code", "execute_code_isolated", "health", "list_templates"] {
+    for want in [
+        "execute_code",
+        "execute_code_isolated",
+        "health",
+        "list_templates",
+    ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
     let exec = tools.iter().find(|t| t.name == "execute_code").unwrap();
     let props = exec.input_schema.get("properties").unwrap();
-    for p in ["code", "mode", "sandbox_id", "language", "timeout", "env", "working_dir"] {
+    for p in [
+        "code",
+        "mode",
+        "sandbox_id",
+        "language",
+        "timeout",
+        "env",
+        "working_dir",
+    ] {
         assert!(props.get(p).is_some(), "execute_code lacks parameter {p}");
     }
     assert_eq!(exec.input_schema["required"], json!(["code"]));
@@ -31,20 +44,40 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
     let c = server().await;
     let r = call(&c, "execute_code", json!({"language": "python"})).await;
     assert!(is_error(&r));
-    assert!(object(&r)["message"].as_str().unwrap().contains("missing field `code`"));
+    assert!(
+        object(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing field `code`")
+    );
     let r = call(&c, "execute_code", json!({"code": "1", "timeout": "soon"})).await;
     assert!(is_error(&r));
     let r = call(&c, "execute_code", json!({"code": "1", "timeout": 0})).await;
     assert!(is_error(&r));
-    assert!(object(&r)["message"].as_str().unwrap().contains("timeout must be positive"));
+    assert!(
+        object(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("timeout must be positive")
+    );
     let r = call(&c, "execute_code", json!({"code": "1", "timeout": 100000})).await;
     assert!(is_error(&r));
-    let r = call(&c, "execute_code", json!({"code": "1", "mode": "persistent"})).await;
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "1", "mode": "persistent"}),
+    )
+    .await;
     assert!(is_error(&r));
     assert_eq!(object(&r)["error"], "Missing sandbox_id");
     let r = call(&c, "no_such_tool", json!({})).await;
     assert!(is_error(&r));
-    assert!(object(&r)["message"].as_str().unwrap().starts_with("Unknown tool: no_such_tool"));
+    assert!(
+        object(&r)["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Unknown tool: no_such_tool")
+    );
     let big = "x = 1\n".repeat(1 << 20);
     let r = call(&c, "execute_code", json!({"code": big})).await;
     assert!(is_error(&r));
@@ -66,7 +99,10 @@ async fn health_and_templates() {
     let first = &t["data"][0];
     assert_eq!(first["id"], "code-interpreter");
     assert_eq!(first["language"], "python");
-    assert!(first.get("tags").is_none(), "fields filter applies by default");
+    assert!(
+        first.get("tags").is_none(),
+        "fields filter applies by default"
+    );
     let all = object(&call(&c, "list_templates", json!({"fields": "all", "limit": 1})).await);
     assert_eq!(all["count"], 1);
     assert!(all["data"][0]["default_resources"]["timeout_seconds"].is_number());
@@ -92,7 +128,9 @@ fn malformed_json_rpc_does_not_kill_the_server() {
         stdin.write_all(b"\n").unwrap();
         stdin.flush().unwrap();
     };
-    send(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#);
+    send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
+    );
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     let init: Value = serde_json::from_str(&line).unwrap();
@@ -101,11 +139,16 @@ fn malformed_json_rpc_does_not_kill_the_server() {
     send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
     send("this is not json {{{");
     send(r#"{"jsonrpc":"2.0","id":2,"method":"no/such/method"}"#);
-    send(r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"execute_code","arguments":{"code":"print(2+2)"}}}"#);
+    send(
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"execute_code","arguments":{"code":"print(2+2)"}}}"#,
+    );
     let mut seen_method_error = false;
     loop {
         line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "server closed stdout");
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "server closed stdout"
+        );
         let v: Value = serde_json::from_str(&line).expect("server writes only JSON-RPC to stdout");
         if v["id"] == 2 {
             assert!(v["error"]["code"].is_number(), "{v}");

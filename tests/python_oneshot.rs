@@ -71,7 +71,12 @@ async fn pandas_and_numpy_work() {
 #[tokio::test]
 async fn infinite_loop_stops_at_deadline_and_server_keeps_serving() {
     let c = server().await;
-    let r = call(&c, "execute_code", json!({"code": "while True:\n    pass", "timeout": 2})).await;
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "while True:\n    pass", "timeout": 2}),
+    )
+    .await;
     assert!(!is_error(&r));
     let r = object(&r);
     assert_eq!(r["limit"], "timeout");
@@ -80,14 +85,21 @@ async fn infinite_loop_stops_at_deadline_and_server_keeps_serving() {
     assert!(r["stderr"].as_str().unwrap().contains("deadline"));
     let t = r["execution_time"].as_f64().unwrap();
     assert!((1.9..60.0).contains(&t), "stopped after {t} s");
-    assert_eq!(py(&c, "print('still here')").await["stdout"], "still here\n");
+    assert_eq!(
+        py(&c, "print('still here')").await["stdout"],
+        "still here\n"
+    );
     c.cancel().await.unwrap();
 }
 
 #[tokio::test]
 async fn memory_bomb_is_contained() {
     let c = server().await;
-    let r = py(&c, "a = []\nwhile True:\n    a.append(bytearray(16 * 1024 * 1024))").await;
+    let r = py(
+        &c,
+        "a = []\nwhile True:\n    a.append(bytearray(16 * 1024 * 1024))",
+    )
+    .await;
     assert_eq!(r["limit"], "memory", "{r}");
     assert_ne!(r["exit_code"], 0);
     assert_eq!(r["success"], false);
@@ -98,7 +110,11 @@ async fn memory_bomb_is_contained() {
 #[tokio::test]
 async fn output_flood_is_truncated() {
     let c = server().await;
-    let r = py(&c, "import sys\nfor _ in range(3000):\n    sys.stdout.write('y' * 1000 + '\\n')").await;
+    let r = py(
+        &c,
+        "import sys\nfor _ in range(3000):\n    sys.stdout.write('y' * 1000 + '\\n')",
+    )
+    .await;
     assert_eq!(r["truncated"], true, "{}", r["stderr"]);
     assert_eq!(r["exit_code"], 0);
     assert_eq!(r["stdout"].as_str().unwrap().len(), 1 << 20);
@@ -114,20 +130,39 @@ async fn output_flood_is_truncated() {
 #[tokio::test]
 async fn unknown_language_is_a_clear_tool_error() {
     let c = server().await;
-    let r = call(&c, "execute_code", json!({"code": "puts 1", "language": "ruby"})).await;
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "puts 1", "language": "ruby"}),
+    )
+    .await;
     assert!(is_error(&r));
     let o = object(&r);
     assert_eq!(o["error"], "Invalid language");
     assert_eq!(o["provided"], "ruby");
-    assert!(o["message"].as_str().unwrap().contains("python, javascript, bash, go"));
+    assert!(
+        o["message"]
+            .as_str()
+            .unwrap()
+            .contains("python, javascript, bash, go")
+    );
     c.cancel().await.unwrap();
 }
 
 #[tokio::test]
 async fn languages_not_built_yet_say_so() {
     let c = server().await;
-    for (lang, needle) in [("javascript", "not available yet"), ("go", "not available yet"), ("bash", "HOPX_API_KEY")] {
-        let r = call(&c, "execute_code_isolated", json!({"code": "x", "language": lang})).await;
+    for (lang, needle) in [
+        ("javascript", "not available yet"),
+        ("go", "not available yet"),
+        ("bash", "HOPX_API_KEY"),
+    ] {
+        let r = call(
+            &c,
+            "execute_code_isolated",
+            json!({"code": "x", "language": lang}),
+        )
+        .await;
         assert!(is_error(&r), "{lang}");
         let msg = object(&r)["message"].as_str().unwrap().to_string();
         assert!(msg.contains(needle), "{lang}: {msg}");
@@ -138,9 +173,17 @@ async fn languages_not_built_yet_say_so() {
 #[tokio::test]
 async fn one_shots_share_nothing() {
     let c = server().await;
-    let r = py(&c, "open('note.txt', 'w').write('secret')\nimport os\nprint(os.getcwd(), os.listdir('.'))").await;
+    let r = py(
+        &c,
+        "open('note.txt', 'w').write('secret')\nimport os\nprint(os.getcwd(), os.listdir('.'))",
+    )
+    .await;
     assert_eq!(r["stdout"], "/workspace ['note.txt']\n");
-    let r = py(&c, "import os\nprint(os.listdir('/workspace'))\nprint(globals().get('secret_var'))").await;
+    let r = py(
+        &c,
+        "import os\nprint(os.listdir('/workspace'))\nprint(globals().get('secret_var'))",
+    )
+    .await;
     assert_eq!(r["stdout"], "[]\nNone\n");
     c.cancel().await.unwrap();
 }
@@ -150,7 +193,10 @@ async fn host_files_and_environment_are_unreachable() {
     let c = server().await;
     let r = py(&c, "open('/etc/passwd').read()").await;
     assert_eq!(r["exit_code"], 1);
-    assert!(r["stderr"].as_str().unwrap().contains("FileNotFoundError"), "{r}");
+    assert!(
+        r["stderr"].as_str().unwrap().contains("FileNotFoundError"),
+        "{r}"
+    );
     let r = py(&c, "open('../../etc/passwd').read()").await;
     assert_eq!(r["exit_code"], 1);
     let r = py(&c, "import os\nprint(sorted(os.environ))").await;
@@ -158,7 +204,11 @@ async fn host_files_and_environment_are_unreachable() {
     // The runtime files are read-only.
     let r = py(&c, "open('/usr/local/lib/evil.txt', 'w').write('x')").await;
     assert_eq!(r["exit_code"], 1, "{r}");
-    let r = py(&c, "import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 80))").await;
+    let r = py(
+        &c,
+        "import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 80))",
+    )
+    .await;
     assert_eq!(r["exit_code"], 1, "{r}");
     c.cancel().await.unwrap();
 }

@@ -26,7 +26,10 @@ pub fn prepare() {
             .stdout(Stdio::null())
             .status()
             .expect("running wasmbox prepare");
-        assert!(status.success(), "wasmbox prepare failed; run ./fetch-runtimes.sh first");
+        assert!(
+            status.success(),
+            "wasmbox prepare failed; run ./fetch-runtimes.sh first"
+        );
     });
 }
 
@@ -35,7 +38,10 @@ pub type Client = RunningService<RoleClient, ()>;
 /// Starts `wasmbox serve` with extra environment and connects an MCP client to it.
 pub async fn server_with_env(env: &[(&str, &str)]) -> Client {
     prepare();
-    let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
         cmd.arg("serve").env(HOST_CANARY.0, HOST_CANARY.1);
         for (k, v) in &env {
@@ -43,7 +49,9 @@ pub async fn server_with_env(env: &[(&str, &str)]) -> Client {
         }
     }))
     .expect("spawning wasmbox serve");
-    ().serve(transport).await.expect("MCP handshake with wasmbox serve")
+    ().serve(transport)
+        .await
+        .expect("MCP handshake with wasmbox serve")
 }
 
 pub async fn server() -> Client {
@@ -63,7 +71,10 @@ pub async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
 
 /// The result object: `structuredContent`, checked to be the same as the JSON text block.
 pub fn object(r: &CallToolResult) -> Value {
-    let structured = r.structured_content.clone().expect("structuredContent is set");
+    let structured = r
+        .structured_content
+        .clone()
+        .expect("structuredContent is set");
     let text = r
         .content
         .first()
@@ -81,7 +92,12 @@ pub fn is_error(r: &CallToolResult) -> bool {
 
 /// Runs Python as a one-shot and returns the result object, asserting it is not a tool error.
 pub async fn py(client: &Client, code: &str) -> Value {
-    let r = call(client, "execute_code", serde_json::json!({"code": code, "language": "python"})).await;
+    let r = call(
+        client,
+        "execute_code",
+        serde_json::json!({"code": code, "language": "python"}),
+    )
+    .await;
     assert!(!is_error(&r), "unexpected tool error: {:?}", r.content);
     object(&r)
 }
