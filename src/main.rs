@@ -100,19 +100,30 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Prepare => {
-            for (lang, origin, took) in wasmbox.prepare().await? {
-                eprintln!(
-                    "{}: {} in {:.1} s (cache: {})",
-                    lang.as_str(),
-                    match origin {
-                        wasmbox::engine::cache::Origin::Cached => "loaded from cache",
-                        wasmbox::engine::cache::Origin::Compiled => "compiled",
-                    },
-                    took.as_secs_f64(),
-                    wasmbox.config().cache_dir.display()
-                );
+            let mut failed = false;
+            for (lang, outcome) in wasmbox.prepare().await {
+                match outcome {
+                    Ok((origin, took)) => eprintln!(
+                        "{}: {} in {:.1} s (cache: {})",
+                        lang.as_str(),
+                        match origin {
+                            wasmbox::engine::cache::Origin::Cached => "loaded from cache",
+                            wasmbox::engine::cache::Origin::Compiled => "compiled",
+                        },
+                        took.as_secs_f64(),
+                        wasmbox.config().cache_dir.display()
+                    ),
+                    Err(e) => {
+                        failed = true;
+                        eprintln!("{}: not ready: {e}", lang.as_str());
+                    }
+                }
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         Command::Run {
             language,

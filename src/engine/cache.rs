@@ -200,7 +200,11 @@ fn with_progress<T>(label: &str, size: usize, work: impl FnOnce() -> T) -> T {
         *bar.lock().unwrap() = Some(pb);
         None
     } else {
-        tracing::info!("{msg}: this takes a minute or more on 2 cores");
+        if mib > 20.0 {
+            tracing::info!("{msg}: this takes a minute or more on 2 cores");
+        } else {
+            tracing::info!("{msg}");
+        }
         let done = done.clone();
         let label = label.to_string();
         Some(std::thread::spawn(move || {

@@ -1,5 +1,7 @@
 //! Languages: the request and result types every adapter shares, and one adapter per language.
 
+pub mod guest;
+pub mod javascript;
 pub mod python;
 
 use std::collections::BTreeMap;

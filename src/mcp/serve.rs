@@ -11,17 +11,15 @@ pub async fn serve_stdio(wasmbox: Wasmbox) -> anyhow::Result<()> {
     // handshake is answered at once.
     let warm = wasmbox.clone();
     tokio::spawn(async move {
-        match warm.prepare().await {
-            Ok(loaded) => {
-                for (lang, origin, took) in loaded {
-                    tracing::info!(
-                        "{} runtime ready ({origin:?}, {:.0} ms)",
-                        lang.as_str(),
-                        took.as_secs_f64() * 1e3
-                    );
-                }
+        for (lang, outcome) in warm.prepare().await {
+            match outcome {
+                Ok((origin, took)) => tracing::info!(
+                    "{} runtime ready ({origin:?}, {:.0} ms)",
+                    lang.as_str(),
+                    took.as_secs_f64() * 1e3
+                ),
+                Err(e) => tracing::warn!("{} runtime not loaded: {e}", lang.as_str()),
             }
-            Err(e) => tracing::warn!("runtime not loaded: {e}"),
         }
     });
     let service = WasmboxServer::new(wasmbox)

@@ -1,0 +1,229 @@
+//! What every language's sandbox shares: the store with its WASI context and limits, the fresh
+//! `/workspace` and `/tmp`, and the mapping of a guest's outcome to an [`ExecResult`].
+
+use std::path::Path;
+use std::time::Instant;
+
+use wasmtime::{Engine, Linker, Store, Trap};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
+
+use super::{EXIT_TIMEOUT, ExecRequest, ExecResult, Language};
+use crate::engine::deadline_ticks;
+use crate::engine::limits::{CappedOutput, Captured, LimitHit, MemoryLimiter};
+use crate::error::{Error, Result};
+
+pub const WORKSPACE_GUEST: &str = "/workspace";
+pub const TMP_GUEST: &str = "/tmp";
+
+/// What each guest's store holds.
+pub struct GuestState {
+    wasi: WasiP1Ctx,
+    limiter: MemoryLimiter,
+}
+
+/// A linker with WASI preview 1, the only host interface guests get.
+pub fn wasi_linker(engine: &Engine) -> Result<Linker<GuestState>> {
+    let mut linker: Linker<GuestState> = Linker::new(engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut GuestState| &mut s.wasi)
+        .map_err(engine_err)?;
+    Ok(linker)
+}
+
+/// How a runtime wants its guest laid out.
+pub struct GuestSpec<'a> {
+    pub argv: &'a [&'a str],
+    /// Set before the caller's `env`, which may override them.
+    pub base_env: &'a [(&'a str, &'a str)],
+    /// Read-only runtime files, preopened first and in this order (guest paths are baked into
+    /// some runtimes' preopen tables).
+    pub read_only: &'a [(&'a Path, &'a str)],
+}
+
+/// One guest about to run: its store, captured output and scratch directories, which are
+/// removed when it is dropped.
+pub struct Guest {
+    pub store: Store<GuestState>,
+    stdout: CappedOutput,
+    stderr: CappedOutput,
+    start: Instant,
+    _workspace: tempfile::TempDir,
+    _tmp: tempfile::TempDir,
+}
+
+impl Guest {
+    /// A fresh store for `req`: empty `/workspace` and `/tmp`, no host environment, no sockets,
+    /// capped output, the memory cap and the deadline armed (it covers instantiation too).
+    pub fn new(engine: &Engine, req: &ExecRequest, spec: &GuestSpec<'_>) -> Result<Self> {
+        let start = Instant::now();
+        let workspace = scratch_dir("wasmbox-ws-")?;
+        let tmp = scratch_dir("wasmbox-tmp-")?;
+        let stdout = CappedOutput::new(req.output_bytes);
+        let stderr = CappedOutput::new(req.output_bytes);
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.args(spec.argv);
+        for (k, v) in spec.base_env {
+            wasi.env(k, v);
+        }
+        for (k, v) in &req.env {
+            wasi.env(k, v);
+        }
+        wasi.stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_blocking_current_thread(true);
+        for (host, guest) in spec.read_only {
+            wasi.preopened_dir(host, guest, FsPerms::ReadOnly)
+                .map_err(engine_err)?;
+        }
+        wasi.preopened_dir(workspace.path(), WORKSPACE_GUEST, FsPerms::ReadWrite)
+            .and_then(|w| w.preopened_dir(tmp.path(), TMP_GUEST, FsPerms::ReadWrite))
+            .map_err(engine_err)?;
+        let mut store = Store::new(
+            engine,
+            GuestState {
+                wasi: wasi.build_p1(),
+                limiter: MemoryLimiter::new(req.memory_bytes),
+            },
+        );
+        store.limiter(|s| &mut s.limiter);
+        store.set_epoch_deadline(deadline_ticks(req.timeout));
+        store.epoch_deadline_trap();
+        Ok(Self {
+            store,
+            stdout,
+            stderr,
+            start,
+            _workspace: workspace,
+            _tmp: tmp,
+        })
+    }
+
+    /// Maps the guest's outcome (an exit status, or the error a trap or `proc_exit` raised) and
+    /// its output to the caller-facing result, then drops the sandbox.
+    pub fn finish(mut self, outcome: wasmtime::Result<i32>, language: Language) -> ExecResult {
+        self.result(outcome, language)
+    }
+
+    /// The result of the latest call on a guest that lives on (a session): takes the output
+    /// written since the last call and restarts the clock and the memory flag for the next one.
+    pub fn result(&mut self, outcome: wasmtime::Result<i32>, language: Language) -> ExecResult {
+        let memory_hit = std::mem::take(&mut self.store.data_mut().limiter.hit);
+        let r = finish(
+            outcome,
+            self.stdout.take(),
+            self.stderr.take(),
+            memory_hit,
+            self.start,
+            language,
+        );
+        self.start = Instant::now();
+        r
+    }
+
+    /// Restarts the clock that `execution_time` is measured from.
+    pub fn restart_clock(&mut self) {
+        self.start = Instant::now();
+    }
+}
+
+fn finish(
+    outcome: wasmtime::Result<i32>,
+    stdout: Captured,
+    stderr: Captured,
+    memory_hit: bool,
+    start: Instant,
+    language: Language,
+) -> ExecResult {
+    let mut limit = memory_hit.then_some(LimitHit::Memory);
+    let mut notes = Vec::new();
+    let exit_code = match outcome {
+        Ok(status) => status,
+        Err(e) => {
+            if let Some(exit) = e.downcast_ref::<I32Exit>() {
+                exit.0
+            } else if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
+                limit = Some(LimitHit::Timeout);
+                notes.push("wasmbox: execution stopped: the deadline (timeout) was reached".into());
+                EXIT_TIMEOUT
+            } else if stdout.killed || stderr.killed {
+                limit = Some(LimitHit::Output);
+                notes.push("wasmbox: execution stopped: the output limit was exceeded".into());
+                1
+            } else {
+                let what = if memory_hit {
+                    "the guest ran out of its memory limit"
+                } else {
+                    "the guest trapped"
+                };
+                notes.push(format!("wasmbox: {what}: {e:#}"));
+                1
+            }
+        }
+    };
+    if memory_hit && !notes.iter().any(|n| n.contains("memory")) {
+        notes.push(
+            "wasmbox: the memory limit was reached (a request to grow memory was denied)".into(),
+        );
+    }
+    let truncated = stdout.dropped > 0 || stderr.dropped > 0;
+    for (name, s) in [("stdout", &stdout), ("stderr", &stderr)] {
+        if s.dropped > 0 {
+            notes.push(format!(
+                "wasmbox: {name} truncated at {} bytes ({} more bytes dropped)",
+                s.bytes.len(),
+                s.dropped
+            ));
+        }
+    }
+    let mut stderr_text = String::from_utf8_lossy(&stderr.bytes).into_owned();
+    for n in notes {
+        if !stderr_text.is_empty() && !stderr_text.ends_with('\n') {
+            stderr_text.push('\n');
+        }
+        stderr_text.push_str(&n);
+        stderr_text.push('\n');
+    }
+    ExecResult {
+        stdout: String::from_utf8_lossy(&stdout.bytes).into_owned(),
+        stderr: stderr_text,
+        exit_code,
+        execution_time: start.elapsed().as_secs_f64(),
+        success: exit_code == 0 && limit.is_none(),
+        truncated,
+        limit,
+        language,
+    }
+}
+
+/// Copies `bytes` into guest memory allocated by the guest's own allocator export; returns the
+/// pointer, or 0 when the guest could not allocate.
+pub fn copy_in(
+    store: &mut Store<GuestState>,
+    instance: &wasmtime::Instance,
+    alloc_export: &str,
+    bytes: &[u8],
+) -> wasmtime::Result<i32> {
+    let alloc = instance.get_typed_func::<i32, i32>(&mut *store, alloc_export)?;
+    let memory = instance
+        .get_memory(&mut *store, "memory")
+        .ok_or_else(|| wasmtime::format_err!("the module exports no memory"))?;
+    let len = i32::try_from(bytes.len())
+        .map_err(|_| wasmtime::format_err!("input is too large for the guest"))?;
+    let ptr = alloc.call(&mut *store, len)?;
+    if ptr != 0 {
+        memory.write(&mut *store, ptr as u32 as usize, bytes)?;
+    }
+    Ok(ptr)
+}
+
+/// A fresh private directory, removed when dropped.
+fn scratch_dir(prefix: &str) -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(|e| Error::io(&std::env::temp_dir(), e))
+}
+
+pub fn engine_err(e: wasmtime::Error) -> Error {
+    Error::Engine(format!("{e:#}"))
+}

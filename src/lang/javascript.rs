@@ -1,0 +1,213 @@
+//! JavaScript: our QuickJS-NG reactor (`runtimes/quickjs`), built from pinned sources.
+//!
+//! Contract (see `runtimes/quickjs/README.md`): `_initialize`, then `wb_init` (0 = ok), then per
+//! snippet `wb_alloc` + copy + `wb_eval(ptr, len, flags)`, which runs promises and timers to
+//! completion and returns 0 (ok), 1 (uncaught error or unhandled rejection, context still usable)
+//! or 2 (host error); `process.exit(n)` arrives as `proc_exit(n)`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use wasmtime::{Engine, Instance, InstancePre, Store};
+
+use super::guest::{
+    Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
+};
+use super::{ExecRequest, ExecResult, Language};
+use crate::engine::cache::{ModuleCache, Origin};
+use crate::engine::deadline_ticks;
+use crate::error::{Error, Result};
+
+/// `wb_eval` flag: print the completion value (REPL style), for sessions.
+const FLAG_ECHO: i32 = 1;
+/// `wb_eval` flag: evaluate as an ES module (needed for `import` declarations).
+const FLAG_MODULE: i32 = 2;
+
+const BASE_ENV: &[(&str, &str)] = &[
+    ("PWD", WORKSPACE_GUEST),
+    ("HOME", TMP_GUEST),
+    ("TMPDIR", TMP_GUEST),
+];
+
+/// Where `fetch-runtimes.sh` builds the module.
+pub fn module_path(runtimes_dir: &Path) -> PathBuf {
+    runtimes_dir.join("quickjs").join("qjs.wasm")
+}
+
+/// A loaded JavaScript runtime: the compiled module, pre-linked once.
+pub struct JsRuntime {
+    engine: Engine,
+    pre: InstancePre<GuestState>,
+}
+
+impl JsRuntime {
+    pub fn load(
+        engine: &Engine,
+        cache: &ModuleCache,
+        runtimes_dir: &Path,
+    ) -> Result<(Self, Origin)> {
+        let path = module_path(runtimes_dir);
+        if !path.is_file() {
+            return Err(Error::RuntimeMissing {
+                runtime: "javascript",
+                path,
+            });
+        }
+        let (module, origin) = cache.load(engine, &path, "javascript")?;
+        let pre = wasi_linker(engine)?
+            .instantiate_pre(&module)
+            .map_err(engine_err)?;
+        Ok((
+            Self {
+                engine: engine.clone(),
+                pre,
+            },
+            origin,
+        ))
+    }
+
+    /// Runs `req` in a fresh instance and drops it. Blocking: call it on a guest thread.
+    pub fn run_oneshot(&self, req: &ExecRequest) -> Result<ExecResult> {
+        let mut guest = Guest::new(&self.engine, req, &spec())?;
+        let flags = if looks_like_module(&req.code) {
+            FLAG_MODULE
+        } else {
+            0
+        };
+        let outcome = start(&self.pre, &mut guest.store)
+            .and_then(|instance| eval(&mut guest.store, &instance, &req.code, flags));
+        Ok(guest.finish(outcome, Language::JavaScript))
+    }
+
+    /// Starts a session: one context whose globals persist across [`JsSession::eval`] calls.
+    /// `req` gives the session's env and limits (its code is not run).
+    pub fn session(&self, req: &ExecRequest) -> Result<JsSession> {
+        let mut guest = Guest::new(&self.engine, req, &spec())?;
+        let instance = start(&self.pre, &mut guest.store).map_err(engine_err)?;
+        Ok(JsSession {
+            guest,
+            instance,
+            alive: true,
+        })
+    }
+}
+
+/// A live JavaScript context. After a trap, a deadline or `process.exit` it is no longer
+/// [`alive`](JsSession::alive) and must be replaced.
+pub struct JsSession {
+    guest: Guest,
+    instance: Instance,
+    alive: bool,
+}
+
+impl JsSession {
+    /// Evaluates one snippet; the value of a final expression is echoed, as in a REPL.
+    pub fn eval(&mut self, code: &str, timeout: Duration) -> ExecResult {
+        if !self.alive {
+            return self.guest.result(
+                Err(wasmtime::format_err!(
+                    "this JavaScript session has ended; start a new one"
+                )),
+                Language::JavaScript,
+            );
+        }
+        self.guest.restart_clock();
+        self.guest.store.set_epoch_deadline(deadline_ticks(timeout));
+        let flags = if looks_like_module(code) {
+            FLAG_MODULE
+        } else {
+            FLAG_ECHO
+        };
+        let outcome = eval(&mut self.guest.store, &self.instance, code, flags);
+        // Any trap or exit leaves the guest's state undefined: never run it again.
+        self.alive = outcome.is_ok();
+        self.guest.result(outcome, Language::JavaScript)
+    }
+
+    pub fn alive(&self) -> bool {
+        self.alive
+    }
+}
+
+fn spec() -> GuestSpec<'static> {
+    GuestSpec {
+        argv: &["node"],
+        base_env: BASE_ENV,
+        read_only: &[],
+    }
+}
+
+fn start(
+    pre: &InstancePre<GuestState>,
+    store: &mut Store<GuestState>,
+) -> wasmtime::Result<Instance> {
+    let instance = pre.instantiate(&mut *store)?;
+    instance
+        .get_typed_func::<(), ()>(&mut *store, "_initialize")?
+        .call(&mut *store, ())?;
+    let status = instance
+        .get_typed_func::<(), i32>(&mut *store, "wb_init")?
+        .call(&mut *store, ())?;
+    if status != 0 {
+        wasmtime::bail!("the JavaScript runtime failed to initialise (wb_init returned {status})");
+    }
+    Ok(instance)
+}
+
+fn eval(
+    store: &mut Store<GuestState>,
+    instance: &Instance,
+    code: &str,
+    flags: i32,
+) -> wasmtime::Result<i32> {
+    let ptr = copy_in(store, instance, "wb_alloc", code.as_bytes())?;
+    if ptr == 0 {
+        wasmtime::bail!(
+            "the JavaScript runtime could not allocate {} bytes for the code",
+            code.len()
+        );
+    }
+    let status = instance
+        .get_typed_func::<(i32, i32, i32), i32>(&mut *store, "wb_eval")?
+        .call(&mut *store, (ptr, code.len() as i32, flags))?;
+    instance
+        .get_typed_func::<i32, ()>(&mut *store, "wb_free")?
+        .call(&mut *store, ptr)?;
+    if status == 2 {
+        wasmtime::bail!("the JavaScript runtime refused the call (wb_eval returned 2)");
+    }
+    Ok(status)
+}
+
+/// Whether the code has `import`/`export` declarations, which only an ES module may contain.
+/// Scripts are the default: their top-level declarations persist in a session.
+fn looks_like_module(code: &str) -> bool {
+    code.lines().map(str::trim_start).any(|l| {
+        (l.starts_with("import ") || l.starts_with("import{") || l.starts_with("import*"))
+            && (l.contains(" from ")
+                || l.contains("from'")
+                || l.contains("from\"")
+                || l.contains('\'')
+                || l.contains('"'))
+            && !l.starts_with("import(")
+            || l.starts_with("export ")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::looks_like_module;
+
+    #[test]
+    fn module_detection() {
+        assert!(looks_like_module(
+            "import * as std from 'qjs:std';\nstd.exit(0)"
+        ));
+        assert!(looks_like_module("import fs from \"fs\""));
+        assert!(looks_like_module("import 'x.js'"));
+        assert!(looks_like_module("export const a = 1"));
+        assert!(!looks_like_module("const m = await import('fs')"));
+        assert!(!looks_like_module("console.log('import x from y')"));
+        assert!(!looks_like_module("let important = 1"));
+    }
+}
