@@ -153,7 +153,6 @@ async fn unknown_language_is_a_clear_tool_error() {
 async fn languages_not_built_yet_say_so() {
     let c = server().await;
     for (lang, needle) in [
-        ("javascript", "not available yet"),
         ("go", "not available yet"),
         ("bash", "HOPX_API_KEY"),
     ] {

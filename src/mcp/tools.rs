@@ -24,8 +24,9 @@ use crate::{Error, ExecOptions, ExecResult, Wasmbox};
 
 const INSTRUCTIONS: &str = "wasmbox runs code locally in WebAssembly sandboxes, offline, with \
 the HOPX MCP tool surface. execute_code (mode 'isolated', the default) runs a one-shot in a fresh \
-sandbox that is discarded afterwards; execute_code_isolated is the same. Python has numpy, pandas, \
-scipy, scikit-learn and matplotlib. Each run sees only its own empty /workspace (the working \
+sandbox that is discarded afterwards; execute_code_isolated is the same. Languages: python (with \
+numpy, pandas, scipy, scikit-learn and matplotlib) and javascript (QuickJS: ES2023, promises, \
+timers, console, process, require('fs'); no npm, no network). Each run sees only its own empty /workspace (the working \
 directory), no network and no host environment, and runs under limits (timeout seconds, default \
 30, max 300; memory; output). Results carry stdout, stderr, exit_code, execution_time and success, \
 plus 'limit' when a limit stopped the run and 'truncated' when output was cut.";
@@ -43,7 +44,7 @@ pub struct WasmboxServer {
 struct ExecuteCodeIsolatedArgs {
     /// The code to run.
     code: String,
-    /// python (default), javascript, go or bash. Only python runs locally in this build.
+    /// python (default), javascript (js, node), go or bash. python and javascript run locally.
     #[serde(default = "default_language")]
     language: String,
     /// Deadline in seconds (default 30, max 300).
@@ -81,7 +82,7 @@ struct ExecuteCodeArgs {
     /// Required by the persistent, rich and background modes.
     #[serde(default)]
     sandbox_id: Option<String>,
-    /// python (default), javascript, go or bash. Only python runs locally in this build.
+    /// python (default), javascript (js, node), go or bash. python and javascript run locally.
     #[serde(default = "default_language")]
     language: String,
     /// Deadline in seconds (default 30, max 300).
@@ -272,15 +273,15 @@ impl WasmboxServer {
         let cfg = self.wasmbox.config();
         let mut data: Vec<Value> = templates()
             .into_iter()
-            .map(|(id, name, description, language)| {
+            .map(|(id, name, description, languages)| {
                 json!({
                     "id": id,
                     "name": name,
                     "display_name": name,
                     "description": description,
                     "category": "code-execution",
-                    "language": language,
-                    "languages": [language],
+                    "language": languages[0],
+                    "languages": languages,
                     "location": "local",
                     "default_resources": {
                         "timeout_seconds": limits.timeout.as_secs(),
@@ -291,7 +292,6 @@ impl WasmboxServer {
                         "timeout_seconds": cfg.max_timeout.as_secs(),
                         "memory_mb": cfg.max_memory_bytes / crate::config::MIB,
                     },
-                    "features": ["numpy", "pandas", "scipy", "scikit-learn", "matplotlib"],
                     "tags": ["wasm", "offline"],
                     "is_active": true,
                     "is_public": true,
@@ -323,20 +323,22 @@ impl WasmboxServer {
     }
 }
 
-/// The local templates: (id, name, description, language).
-fn templates() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
+/// The local templates: (id, name, description, languages).
+fn templates() -> Vec<(&'static str, &'static str, &'static str, &'static [&'static str])> {
+    const PY: &str = "Python 3.15 (WASI) with numpy, pandas, scipy, scikit-learn and matplotlib, run locally in WebAssembly";
     vec![
         (
             "code-interpreter",
             "code-interpreter",
-            "Python 3.15 (WASI) with numpy, pandas, scipy, scikit-learn and matplotlib, run locally in WebAssembly",
-            "python",
+            "Python 3.15 (numpy, pandas, scipy, scikit-learn, matplotlib) and JavaScript (QuickJS-NG), run locally in WebAssembly",
+            &["python", "javascript"],
         ),
+        ("python", "python", PY, &["python"]),
         (
-            "python",
-            "python",
-            "Python 3.15 (WASI) with numpy, pandas, scipy, scikit-learn and matplotlib, run locally in WebAssembly",
-            "python",
+            "javascript",
+            "javascript",
+            "JavaScript (QuickJS-NG 0.16, ES2023) with console, timers, process and a small fs module, run locally in WebAssembly",
+            &["javascript"],
         ),
     ]
 }

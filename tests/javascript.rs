@@ -1,0 +1,199 @@
+//! JavaScript one-shots over stdio MCP (QuickJS-NG in WebAssembly), and sessions through the
+//! library.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+async fn js(c: &Client, code: &str) -> Value {
+    let r = call(
+        c,
+        "execute_code",
+        json!({"code": code, "language": "javascript"}),
+    )
+    .await;
+    assert!(!is_error(&r), "unexpected tool error: {:?}", r.content);
+    object(&r)
+}
+
+#[tokio::test]
+async fn console_output_goes_to_the_right_streams() {
+    let c = server().await;
+    let r = js(
+        &c,
+        "console.log('hi', 1 + 1, {a: [1, 2]}); console.error('bad'); console.warn('careful')",
+    )
+    .await;
+    assert_eq!(r["stdout"], "hi 2 { a: [ 1, 2 ] }\n");
+    assert_eq!(r["stderr"], "bad\ncareful\n");
+    assert_eq!(r["exit_code"], 0);
+    assert_eq!(r["language"], "javascript");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn aliases_are_accepted() {
+    let c = server().await;
+    for lang in ["js", "node", "nodejs", "JavaScript"] {
+        let r = call(
+            &c,
+            "execute_code_isolated",
+            json!({"code": "console.log(typeof Date.now())", "language": lang}),
+        )
+        .await;
+        assert!(!is_error(&r), "{lang}");
+        assert_eq!(object(&r)["stdout"], "number\n", "{lang}");
+    }
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn promises_timers_and_top_level_await_run_to_completion() {
+    let c = server().await;
+    let r = js(
+        &c,
+        "setTimeout(() => console.log('timer'), 30);\n\
+         Promise.resolve().then(() => console.log('micro'));\n\
+         console.log('sync');\n\
+         const v = await new Promise(r => setTimeout(() => r(42), 5));\n\
+         console.log('awaited', v);\n\
+         (async () => { await null; console.log('async fn'); })();",
+    )
+    .await;
+    assert_eq!(r["stdout"], "sync\nmicro\nawaited 42\nasync fn\ntimer\n");
+    assert_eq!(r["exit_code"], 0);
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn thrown_errors_and_rejections_exit_1_with_stack() {
+    let c = server().await;
+    let r = js(
+        &c,
+        "console.log('before');\nfunction f() { throw new TypeError('boom'); }\nf();",
+    )
+    .await;
+    assert_eq!(r["exit_code"], 1);
+    assert_eq!(r["stdout"], "before\n");
+    let err = r["stderr"].as_str().unwrap();
+    assert!(err.contains("TypeError: boom"), "{err}");
+    assert!(err.contains("at f"), "stack on stderr: {err}");
+    let r = js(&c, "Promise.reject(new Error('nope'));").await;
+    assert_eq!(r["exit_code"], 1);
+    assert!(r["stderr"].as_str().unwrap().contains("nope"));
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn process_exit_code() {
+    let c = server().await;
+    let r = js(
+        &c,
+        "console.log('bye'); process.exit(3); console.log('never')",
+    )
+    .await;
+    assert_eq!(r["exit_code"], 3);
+    assert_eq!(r["stdout"], "bye\n");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn infinite_loop_and_memory_bomb_are_stopped() {
+    let c = server().await;
+    let r = object(
+        &call(
+            &c,
+            "execute_code",
+            json!({"code": "while (true) {}", "language": "javascript", "timeout": 1}),
+        )
+        .await,
+    );
+    assert_eq!(r["limit"], "timeout");
+    assert_eq!(r["exit_code"], 124);
+    let r = js(
+        &c,
+        "const a = []; while (true) a.push(new Array(1e6).fill(1.5));",
+    )
+    .await;
+    assert_eq!(r["limit"], "memory", "{r}");
+    assert_ne!(r["exit_code"], 0);
+    assert_eq!(js(&c, "console.log('alive')").await["stdout"], "alive\n");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn workspace_files_and_isolation() {
+    let c = server().await;
+    let r = js(
+        &c,
+        "const fs = require('fs');\n\
+         fs.mkdirSync('data/sub', {recursive: true});\n\
+         fs.writeFileSync('data/sub/x.json', JSON.stringify({n: 7}));\n\
+         console.log(JSON.parse(fs.readFileSync('/workspace/data/sub/x.json', 'utf8')).n, fs.existsSync('data'), fs.readdirSync('data'));\n\
+         globalThis.leak = 1;",
+    )
+    .await;
+    assert_eq!(r["stdout"], "7 true [ 'sub' ]\n", "{r}");
+    let r = js(
+        &c,
+        "const fs = require('fs'); console.log(fs.readdirSync('/workspace').length, typeof leak)",
+    )
+    .await;
+    assert_eq!(r["stdout"], "0 undefined\n");
+    let r = js(&c, "require('fs').readFileSync('/etc/passwd', 'utf8')").await;
+    assert_eq!(r["exit_code"], 1);
+    let r = js(
+        &c,
+        "console.log(JSON.stringify(Object.keys(process.env).sort()))",
+    )
+    .await;
+    assert_eq!(r["stdout"], "[\"HOME\",\"PWD\",\"TMPDIR\"]\n");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn es_module_imports_work() {
+    let c = server().await;
+    let r = js(&c, "import * as std from 'qjs:std';\nimport fs from 'fs';\nconsole.log(typeof std.open, typeof fs.writeFileSync);").await;
+    assert_eq!(r["stdout"], "function function\n", "{r}");
+    c.cancel().await.unwrap();
+}
+
+/// A session keeps its globals across calls and echoes a final expression, like a REPL.
+#[test]
+fn session_keeps_state_across_calls() {
+    prepare();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox::Wasmbox::new(wasmbox::Config::from_env()).unwrap();
+    let js = rt.block_on(wb.javascript()).unwrap();
+    let req = wb
+        .request(wasmbox::ExecOptions {
+            language: "javascript".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    // Guests run on threads with a stack deeper than the wasm stack limit.
+    std::thread::Builder::new()
+        .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
+        .spawn(move || {
+            let t = Duration::from_secs(10);
+            let mut s = js.session(&req).unwrap();
+            assert_eq!(s.eval("let x = 1; const f = (a) => a * 2;", t).stdout, "");
+            assert_eq!(s.eval("x + 1", t).stdout, "2\n");
+            assert_eq!(s.eval("x = f(x + 20); x", t).stdout, "42\n");
+            let r = s.eval("throw new Error('oops')", t);
+            assert_eq!(r.exit_code, 1);
+            assert!(s.alive(), "an exception does not end the session");
+            assert_eq!(s.eval("'still ' + x", t).stdout, "'still 42'\n");
+            let r = s.eval("while (true) {}", Duration::from_millis(300));
+            assert_eq!(r.limit, Some(wasmbox::LimitHit::Timeout));
+            assert!(!s.alive(), "a trapped session must be replaced");
+            assert_ne!(s.eval("x", t).exit_code, 0);
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
