@@ -1,45 +1,153 @@
-//! Latency of Python and JavaScript one-shots through the library (fresh instance + one turn + drop), the
-//! number the README reports. Run with `cargo bench --bench oneshot`.
+//! Latency budgets, through the library (run with `cargo bench --bench oneshot`):
+//! one-shots on the pool-hit path (a ready instance is waiting; waiting for the refill is not
+//! timed) and on the pool-empty path (pool size 0: instantiate + warm-up on the request), a
+//! JavaScript session turn, and throughput with 2 and 8 concurrent callers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use wasmbox::{Config, ExecOptions, Wasmbox};
 
-fn oneshot(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let wb = Wasmbox::new(Config::from_env()).expect("engine");
+fn opts(language: &str, code: &str) -> ExecOptions {
+    ExecOptions {
+        language: language.into(),
+        code: code.into(),
+        ..Default::default()
+    }
+}
+
+fn wasmbox(pool_size: usize, rt: &tokio::runtime::Runtime) -> Wasmbox {
+    let mut cfg = Config::from_env();
+    cfg.python.pool_size = pool_size;
+    let wb = Wasmbox::new(cfg).expect("engine");
     for (lang, outcome) in rt.block_on(wb.prepare()) {
         outcome.unwrap_or_else(|e| panic!("{lang:?}: {e} (run ./fetch-runtimes.sh)"));
     }
-    let mut group = c.benchmark_group("oneshot");
-    group.sample_size(30);
-    for (name, language, code) in [
-        ("python_print", "python", "print(1+1)"),
-        (
-            "python_numpy_sum",
-            "python",
-            "import numpy as np\nprint(np.arange(1000).sum())",
-        ),
-        ("javascript_console_log", "javascript", "console.log(1+1)"),
-    ] {
-        group.bench_function(name, |b| {
-            b.iter(|| {
-                let req = wb
-                    .request(ExecOptions {
-                        language: language.into(),
-                        code: code.into(),
-                        ..Default::default()
-                    })
-                    .unwrap();
-                let r = rt.block_on(wb.execute(req)).unwrap();
-                assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    wb
+}
+
+fn run(wb: &Wasmbox, rt: &tokio::runtime::Runtime, o: &ExecOptions) {
+    let r = rt
+        .block_on(wb.execute(wb.request(o.clone()).unwrap()))
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+}
+
+const PY_CASES: &[(&str, &str)] = &[
+    ("print", "print(1+1)"),
+    (
+        "import_pandas",
+        "import pandas as pd; print(pd.__version__)",
+    ),
+    (
+        "numpy_sum",
+        "import numpy as np\nprint(np.arange(1000).sum())",
+    ),
+];
+
+fn pool_hit(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox(4, &rt);
+    let py = rt.block_on(wb.python()).unwrap();
+    let mut g = c.benchmark_group("pool_hit");
+    g.sample_size(50);
+    for (name, code) in PY_CASES {
+        let o = opts("python", code);
+        g.bench_function(format!("python_{name}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    py.wait_pool_full(Duration::from_secs(30));
+                    let t = Instant::now();
+                    run(&wb, &rt, &o);
+                    total += t.elapsed();
+                }
+                total
             })
         });
     }
-    group.finish();
+    let o = opts("javascript", "console.log(1+1)");
+    g.bench_function("javascript_console_log", |b| b.iter(|| run(&wb, &rt, &o)));
+    g.finish();
 }
 
-criterion_group!(benches, oneshot);
+fn pool_empty(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox(0, &rt);
+    let mut g = c.benchmark_group("pool_empty");
+    g.sample_size(20);
+    for (name, code) in PY_CASES {
+        let o = opts("python", code);
+        g.bench_function(format!("python_{name}"), |b| b.iter(|| run(&wb, &rt, &o)));
+    }
+    g.finish();
+}
+
+fn session_turn(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox(0, &rt);
+    let js = rt.block_on(wb.javascript()).unwrap();
+    let req = wb.request(opts("javascript", "")).unwrap();
+    // Sessions run on a guest-sized stack, like every wasm call.
+    let mut g = c.benchmark_group("session_turn");
+    g.bench_function("javascript_x_plus_1", |b| {
+        b.iter_custom(|iters| {
+            let js = js.clone();
+            let req = req.clone();
+            std::thread::Builder::new()
+                .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
+                .spawn(move || {
+                    let mut s = js.session(&req).unwrap();
+                    s.eval("let x = 0", Duration::from_secs(5));
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        let r = s.eval("x += 1", Duration::from_secs(5));
+                        assert_eq!(r.exit_code, 0);
+                    }
+                    t.elapsed()
+                })
+                .unwrap()
+                .join()
+                .unwrap()
+        })
+    });
+    g.finish();
+}
+
+fn throughput(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox(4, &rt);
+    let mut g = c.benchmark_group("throughput");
+    g.sample_size(10);
+    // One iteration is one one-shot; time per iteration is 1 / throughput.
+    for callers in [2usize, 8] {
+        g.bench_function(format!("python_print_{callers}_callers"), |b| {
+            b.iter_custom(|iters| {
+                let wb = Arc::new(wb.clone());
+                let t = Instant::now();
+                rt.block_on(async {
+                    let mut tasks = Vec::new();
+                    for i in 0..callers as u64 {
+                        let wb = wb.clone();
+                        let n = iters / callers as u64 + u64::from(i < iters % callers as u64);
+                        tasks.push(tokio::spawn(async move {
+                            for _ in 0..n {
+                                let req = wb.request(opts("python", "print(1+1)")).unwrap();
+                                assert_eq!(wb.execute(req).await.unwrap().exit_code, 0);
+                            }
+                        }));
+                    }
+                    for t in tasks {
+                        t.await.unwrap();
+                    }
+                });
+                t.elapsed()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, pool_hit, pool_empty, session_turn, throughput);
 criterion_main!(benches);

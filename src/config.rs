@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::engine::limits::Limits;
+use crate::lang::python::{DEFAULT_PREIMPORT, PythonOptions};
 
 /// Everything a [`crate::Wasmbox`] needs to know; [`Config::from_env`] gives the defaults.
 #[derive(Clone, Debug)]
@@ -22,13 +23,17 @@ pub struct Config {
     pub max_code_bytes: usize,
     /// Executions that may run at once; more wait their turn.
     pub max_concurrency: usize,
+    /// Python image and pool settings.
+    pub python: PythonOptions,
 }
 
 pub const MIB: usize = 1 << 20;
 
 impl Config {
     /// Defaults, overridden by `WASMBOX_RUNTIMES`, `WASMBOX_CACHE`, `WASMBOX_MEMORY_MB`,
-    /// `WASMBOX_OUTPUT_BYTES` and `WASMBOX_CONCURRENCY`.
+    /// `WASMBOX_OUTPUT_BYTES`, `WASMBOX_CONCURRENCY`, `WASMBOX_PYTHON_PREIMPORT` (comma-separated
+    /// modules, or `none` for no pre-initialised image), `WASMBOX_POOL_SIZE`,
+    /// `WASMBOX_POOL_MEMORY_MB` and `WASMBOX_POOL_REFILL_THREADS`.
     pub fn from_env() -> Self {
         let env_num = |name: &str| {
             std::env::var(name)
@@ -57,8 +62,26 @@ impl Config {
             max_output_bytes: output.max(16 * MIB),
             max_code_bytes: 4 * MIB,
             max_concurrency: env_num("WASMBOX_CONCURRENCY").unwrap_or(cores * 2).max(1),
+            python: PythonOptions {
+                preimport: match std::env::var("WASMBOX_PYTHON_PREIMPORT") {
+                    Ok(v) if v.trim() == "none" || v.trim().is_empty() => Vec::new(),
+                    Ok(v) => v.split(',').map(|m| m.trim().to_string()).collect(),
+                    Err(_) => DEFAULT_PREIMPORT.iter().map(|m| m.to_string()).collect(),
+                },
+                pool_size: pool_size(
+                    env_num("WASMBOX_POOL_SIZE").unwrap_or(4),
+                    env_num("WASMBOX_POOL_MEMORY_MB").unwrap_or(256),
+                ),
+                refill_threads: env_num("WASMBOX_POOL_REFILL_THREADS").unwrap_or(1).max(1),
+            },
         }
     }
+}
+
+/// Ready instances idle at about 8-30 MiB each; the memory budget caps how many are kept.
+fn pool_size(wanted: usize, budget_mb: usize) -> usize {
+    const PER_INSTANCE_MB: usize = 32;
+    wanted.min(budget_mb / PER_INSTANCE_MB)
 }
 
 /// `./runtimes` when run from a checkout, else the checkout this binary was built from.

@@ -35,6 +35,8 @@ pub struct ExecOptions {
     pub timeout_secs: Option<f64>,
     /// Linear-memory cap in MiB; `None` means the default (1024).
     pub memory_mb: Option<u64>,
+    /// Echo the value of a final expression (default: no, like `python -c`).
+    pub echo: bool,
 }
 
 /// The sandbox service: one engine, the loaded runtimes, and the limits.
@@ -50,6 +52,7 @@ struct Inner {
     python: OnceCell<Arc<PythonRuntime>>,
     javascript: OnceCell<Arc<JsRuntime>>,
     permits: Semaphore,
+    guests: engine::threads::GuestThreads,
     started: Instant,
     executions: AtomicU64,
 }
@@ -70,6 +73,7 @@ impl Wasmbox {
         Ok(Self {
             inner: Arc::new(Inner {
                 permits: Semaphore::new(config.max_concurrency),
+                guests: engine::threads::GuestThreads::new(config.max_concurrency),
                 config,
                 engine,
                 cache,
@@ -151,6 +155,7 @@ impl Wasmbox {
                 &inner.engine,
                 &inner.cache,
                 PythonPaths::new(&inner.config.runtimes_dir),
+                &inner.config.python,
             )
         })
         .await
@@ -161,6 +166,20 @@ impl Wasmbox {
             JsRuntime::load(&inner.engine, &inner.cache, &inner.config.runtimes_dir)
         })
         .await
+    }
+
+    /// The Python runtime, loaded on first use (for benches and metrics).
+    pub async fn python(&self) -> Result<Arc<PythonRuntime>> {
+        Ok(self.load_python().await?.0)
+    }
+
+    /// Pool counters of the loaded runtimes (nothing is loaded by asking).
+    pub fn pool_stats(&self) -> Vec<engine::pool::PoolStats> {
+        self.inner
+            .python
+            .get()
+            .map(|p| vec![p.pool_stats()])
+            .unwrap_or_default()
     }
 
     /// The JavaScript runtime, loaded on first use (for sessions and benches).
@@ -221,6 +240,7 @@ impl Wasmbox {
             timeout,
             memory_bytes,
             output_bytes: cfg.default_limits.output_bytes,
+            echo: opts.echo,
         })
     }
 
@@ -257,7 +277,7 @@ impl Wasmbox {
             .await
             .map_err(|_| Error::Busy("shutting down".into()))?;
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
-        on_guest_thread(job).await
+        self.inner.guests.run(job).await
     }
 }
 
@@ -279,20 +299,4 @@ async fn load_once<T: Send + Sync + 'static>(
         })
         .await?;
     Ok((rt.clone(), origin))
-}
-
-/// Runs `f` on a fresh thread whose stack can hold the deepest wasm stack a guest may use.
-pub async fn on_guest_thread<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("wasmbox-guest".into())
-        .stack_size(engine::GUEST_THREAD_STACK)
-        .spawn(move || {
-            let _ = tx.send(f());
-        })
-        .map_err(|e| Error::Busy(format!("cannot start a guest thread: {e}")))?;
-    rx.await
-        .map_err(|_| Error::Engine("the guest thread ended without a result (host panic)".into()))?
 }

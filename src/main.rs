@@ -162,15 +162,19 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 env: env_map,
                 timeout_secs: timeout,
                 memory_mb,
+                echo: false,
             })?;
             let result = wasmbox.execute(req).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&result)?);
+            // A closed stdout (e.g. piped into `head`) is not an error worth a panic.
+            use std::io::Write;
+            let _ = if json {
+                let text = serde_json::to_string_pretty(&result)? + "\n";
+                std::io::stdout().write_all(text.as_bytes())
             } else {
-                use std::io::Write;
-                std::io::stdout().write_all(result.stdout.as_bytes())?;
-                std::io::stderr().write_all(result.stderr.as_bytes())?;
-            }
+                std::io::stdout()
+                    .write_all(result.stdout.as_bytes())
+                    .and_then(|()| std::io::stderr().write_all(result.stderr.as_bytes()))
+            };
             Ok(ExitCode::from(result.exit_code.clamp(0, 255) as u8))
         }
     }

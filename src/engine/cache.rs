@@ -116,7 +116,22 @@ impl ModuleCache {
     /// it when no valid cached copy exists.
     pub fn load(&self, engine: &Engine, wasm_path: &Path, label: &str) -> Result<(Module, Origin)> {
         let sha = self.file_sha256(wasm_path)?;
-        let key = Self::key(engine, &sha);
+        self.load_with(engine, &sha, label, || {
+            fs::read(wasm_path).map_err(|e| Error::io(wasm_path, e))
+        })
+    }
+
+    /// Loads the module identified by `source_key` (a hash of everything that determines its
+    /// bytes), calling `wasm` to produce the bytes only when no compiled copy is cached. Derived
+    /// modules (pre-initialised images) use this so they are built once, not on every start.
+    pub fn load_with(
+        &self,
+        engine: &Engine,
+        source_key: &str,
+        label: &str,
+        wasm: impl FnOnce() -> Result<Vec<u8>>,
+    ) -> Result<(Module, Origin)> {
+        let key = Self::key(engine, source_key);
         let cwasm = self.dir.join(format!("{key}.cwasm"));
         if let Some(module) = self.try_load(engine, &cwasm, label) {
             return Ok((module, Origin::Cached));
@@ -131,7 +146,7 @@ impl ModuleCache {
                 return Ok((module, Origin::Cached));
             }
         }
-        let bytes = fs::read(wasm_path).map_err(|e| Error::io(wasm_path, e))?;
+        let bytes = wasm()?;
         let compiled = with_progress(label, bytes.len(), || engine.precompile_module(&bytes))
             .map_err(|e| Error::Engine(format!("compiling {label}: {e:#}")))?;
         drop(bytes);
@@ -184,9 +199,9 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Runs a long compile while showing it is alive: a spinner with elapsed time on a terminal,
 /// a log line every 15 s otherwise (stdout is never touched: it may be the MCP channel).
-fn with_progress<T>(label: &str, size: usize, work: impl FnOnce() -> T) -> T {
+pub fn with_progress<T>(label: &str, size: usize, work: impl FnOnce() -> T) -> T {
     let mib = size as f64 / (1024.0 * 1024.0);
-    let msg = format!("compiling {label} ({mib:.0} MiB of wasm, once; cached afterwards)");
+    let msg = format!("compiling {label} ({mib:.0} MiB of wasm)");
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
     let bar: Arc<Mutex<Option<indicatif::ProgressBar>>> = Arc::new(Mutex::new(None));

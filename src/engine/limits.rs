@@ -51,6 +51,12 @@ impl MemoryLimiter {
     pub fn new(limit: usize) -> Self {
         Self { limit, hit: false }
     }
+
+    /// A pooled instance is made before its caller's limit is known.
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+        self.hit = false;
+    }
 }
 
 /// Table growth is bounded too, so a guest cannot eat host memory through tables.
@@ -110,6 +116,11 @@ impl CappedOutput {
             cap,
             ..Default::default()
         })))
+    }
+
+    /// Sets the cap for what is written from now on (pooled instances learn it at checkout).
+    pub fn set_cap(&self, cap: usize) {
+        self.0.lock().unwrap().cap = cap;
     }
 
     /// Takes what was captured so far.

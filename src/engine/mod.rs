@@ -3,6 +3,9 @@
 
 pub mod cache;
 pub mod limits;
+pub mod pool;
+pub mod snapshot;
+pub mod threads;
 
 use std::time::Duration;
 
@@ -25,6 +28,21 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 ///
 /// The ticker holds only a weak reference and ends when the last clone of the engine is dropped.
 pub fn build_engine() -> Result<Engine> {
+    let engine = Engine::new(&base_config()).map_err(|e| Error::Engine(format!("{e:#}")))?;
+    start_epoch_ticker(&engine);
+    Ok(engine)
+}
+
+/// An engine for code that runs once (a snapshot's warm-up): the same settings, but Cranelift
+/// without optimisation, which compiles CPython about twice as fast. It has no epoch ticker, so
+/// its stores never time out.
+pub fn warmup_engine() -> Result<Engine> {
+    let mut config = base_config();
+    config.cranelift_opt_level(wasmtime::OptLevel::None);
+    Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))
+}
+
+fn base_config() -> Config {
     let mut config = Config::new();
     // CPython for WASI is built with the exception-handling proposal.
     config.wasm_exceptions(true);
@@ -35,9 +53,7 @@ pub fn build_engine() -> Result<Engine> {
     config.async_stack_size(MAX_WASM_STACK + (1 << 20));
     // Instances map their initial memory copy-on-write from the compiled image.
     config.memory_init_cow(true);
-    let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
-    start_epoch_ticker(&engine);
-    Ok(engine)
+    config
 }
 
 fn start_epoch_ticker(engine: &Engine) {

@@ -1,6 +1,7 @@
 //! What every language's sandbox shares: the store with its WASI context and limits, the fresh
 //! `/workspace` and `/tmp`, and the mapping of a guest's outcome to an [`ExecResult`].
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -15,6 +16,11 @@ use crate::error::{Error, Result};
 
 pub const WORKSPACE_GUEST: &str = "/workspace";
 pub const TMP_GUEST: &str = "/tmp";
+
+/// Output cap of a guest no request has taken yet (its warm-up output is discarded).
+const UNARMED_OUTPUT_CAP: usize = 1 << 20;
+/// Deadline of an unarmed guest: long enough for any warm-up, short enough to end a stuck one.
+const UNARMED_DEADLINE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What each guest's store holds.
 pub struct GuestState {
@@ -37,7 +43,7 @@ pub struct GuestSpec<'a> {
     pub base_env: &'a [(&'a str, &'a str)],
     /// Read-only runtime files, preopened first and in this order (guest paths are baked into
     /// some runtimes' preopen tables).
-    pub read_only: &'a [(&'a Path, &'a str)],
+    pub read_only: Vec<(&'a Path, &'a str)>,
 }
 
 /// One guest about to run: its store, captured output and scratch directories, which are
@@ -55,23 +61,35 @@ impl Guest {
     /// A fresh store for `req`: empty `/workspace` and `/tmp`, no host environment, no sockets,
     /// capped output, the memory cap and the deadline armed (it covers instantiation too).
     pub fn new(engine: &Engine, req: &ExecRequest, spec: &GuestSpec<'_>) -> Result<Self> {
+        let mut guest = Self::unarmed(engine, spec, &req.env)?;
+        guest.arm(req);
+        Ok(guest)
+    }
+
+    /// A store not yet tied to a request (for pools): default caps, and a deadline far away
+    /// that [`Guest::arm`] replaces. `env` comes after the spec's base environment.
+    pub fn unarmed(
+        engine: &Engine,
+        spec: &GuestSpec<'_>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Self> {
         let start = Instant::now();
         let workspace = scratch_dir("wasmbox-ws-")?;
         let tmp = scratch_dir("wasmbox-tmp-")?;
-        let stdout = CappedOutput::new(req.output_bytes);
-        let stderr = CappedOutput::new(req.output_bytes);
+        let stdout = CappedOutput::new(UNARMED_OUTPUT_CAP);
+        let stderr = CappedOutput::new(UNARMED_OUTPUT_CAP);
         let mut wasi = WasiCtxBuilder::new();
         wasi.args(spec.argv);
         for (k, v) in spec.base_env {
             wasi.env(k, v);
         }
-        for (k, v) in &req.env {
+        for (k, v) in env {
             wasi.env(k, v);
         }
         wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
             .allow_blocking_current_thread(true);
-        for (host, guest) in spec.read_only {
+        for (host, guest) in &spec.read_only {
             wasi.preopened_dir(host, guest, FsPerms::ReadOnly)
                 .map_err(engine_err)?;
         }
@@ -82,11 +100,11 @@ impl Guest {
             engine,
             GuestState {
                 wasi: wasi.build_p1(),
-                limiter: MemoryLimiter::new(req.memory_bytes),
+                limiter: MemoryLimiter::new(usize::MAX),
             },
         );
         store.limiter(|s| &mut s.limiter);
-        store.set_epoch_deadline(deadline_ticks(req.timeout));
+        store.set_epoch_deadline(deadline_ticks(UNARMED_DEADLINE));
         store.epoch_deadline_trap();
         Ok(Self {
             store,
@@ -96,6 +114,31 @@ impl Guest {
             _workspace: workspace,
             _tmp: tmp,
         })
+    }
+
+    /// Applies `req`'s limits from now on and restarts the clock: called when a request takes
+    /// this guest. Output written before (a warm-up) is discarded.
+    pub fn arm(&mut self, req: &ExecRequest) {
+        self.stdout.take();
+        self.stderr.take();
+        self.stdout.set_cap(req.output_bytes);
+        self.stderr.set_cap(req.output_bytes);
+        self.store.data_mut().limiter.set_limit(req.memory_bytes);
+        self.store.set_epoch_deadline(deadline_ticks(req.timeout));
+        self.start = Instant::now();
+    }
+
+    /// The store and instance, for a snapshot; the scratch directories go away.
+    pub fn into_parts(
+        self,
+        instance: wasmtime::Instance,
+    ) -> (Store<GuestState>, wasmtime::Instance) {
+        (self.store, instance)
+    }
+
+    /// What the guest wrote so far, as text (for warm-up failures).
+    pub fn take_stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.take().bytes).into_owned()
     }
 
     /// Maps the guest's outcome (an exit status, or the error a trap or `proc_exit` raised) and

@@ -71,6 +71,8 @@ impl JsRuntime {
         let mut guest = Guest::new(&self.engine, req, &spec())?;
         let flags = if looks_like_module(&req.code) {
             FLAG_MODULE
+        } else if req.echo {
+            FLAG_ECHO
         } else {
             0
         };
@@ -133,7 +135,7 @@ fn spec() -> GuestSpec<'static> {
     GuestSpec {
         argv: &["node"],
         base_env: BASE_ENV,
-        read_only: &[],
+        read_only: Vec::new(),
     }
 }
 

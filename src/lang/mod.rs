@@ -53,6 +53,9 @@ pub struct ExecRequest {
     pub timeout: Duration,
     pub memory_bytes: usize,
     pub output_bytes: usize,
+    /// Print the value of a final expression (notebook style); one-shots default to no echo,
+    /// like `python -c`.
+    pub echo: bool,
 }
 
 /// The outcome of one execution, the same for every language (and, later, the cloud).

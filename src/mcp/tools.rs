@@ -53,6 +53,9 @@ struct ExecuteCodeIsolatedArgs {
     /// Environment variables for this run only.
     #[serde(default)]
     env: Option<BTreeMap<String, String>>,
+    /// Print the value of a final expression, notebook style (default false, like `python -c`).
+    #[serde(default)]
+    echo: Option<bool>,
     /// Accepted for HOPX compatibility; local one-shots use the code-interpreter template.
     #[serde(default)]
     #[allow(dead_code)]
@@ -91,6 +94,9 @@ struct ExecuteCodeArgs {
     /// Environment variables for this run only.
     #[serde(default)]
     env: Option<BTreeMap<String, String>>,
+    /// Print the value of a final expression, notebook style (default false, like `python -c`).
+    #[serde(default)]
+    echo: Option<bool>,
     /// Working directory (persistent modes); one-shots run in /workspace.
     #[serde(default)]
     #[allow(dead_code)]
@@ -121,6 +127,14 @@ struct ListTemplatesArgs {
 
 #[derive(Deserialize, JsonSchema)]
 struct NoArgs {}
+
+#[derive(Deserialize, JsonSchema)]
+struct MetricsArgs {
+    /// Accepted for HOPX compatibility; local metrics are server-wide.
+    #[serde(default)]
+    #[allow(dead_code)]
+    sandbox_id: Option<String>,
+}
 
 fn default_language() -> String {
     "python".into()
@@ -174,12 +188,22 @@ impl WasmboxServer {
             },
             "execute_code_isolated" => match parse::<ExecuteCodeIsolatedArgs>(name, args) {
                 Ok(a) => {
-                    self.one_shot(a.code, a.language, a.timeout, a.env.unwrap_or_default())
-                        .await
+                    self.one_shot(
+                        a.code,
+                        a.language,
+                        a.timeout,
+                        a.env.unwrap_or_default(),
+                        a.echo,
+                    )
+                    .await
                 }
                 Err(r) => r,
             },
             "health" => self.health(),
+            "get_system_metrics" => match parse::<MetricsArgs>(name, args) {
+                Ok(_) => self.metrics(),
+                Err(r) => r,
+            },
             "list_templates" => match parse::<ListTemplatesArgs>(name, args) {
                 Ok(a) => self.list_templates(a),
                 Err(r) => r,
@@ -222,8 +246,14 @@ impl WasmboxServer {
                 "message": "This build of wasmbox has no persistent sandboxes; omit sandbox_id to run a one-shot.",
             }));
         }
-        self.one_shot(a.code, a.language, a.timeout, a.env.unwrap_or_default())
-            .await
+        self.one_shot(
+            a.code,
+            a.language,
+            a.timeout,
+            a.env.unwrap_or_default(),
+            a.echo,
+        )
+        .await
     }
 
     async fn one_shot(
@@ -232,6 +262,7 @@ impl WasmboxServer {
         language: String,
         timeout: Option<f64>,
         env: BTreeMap<String, String>,
+        echo: Option<bool>,
     ) -> CallToolResult {
         let provided = language.clone();
         let req = match self.wasmbox.request(ExecOptions {
@@ -240,6 +271,7 @@ impl WasmboxServer {
             env,
             timeout_secs: timeout,
             memory_mb: None,
+            echo: echo.unwrap_or(false),
         }) {
             Ok(r) => r,
             Err(e) => return exec_error("isolated", &e, Some(&provided)),
@@ -265,6 +297,17 @@ impl WasmboxServer {
             "uptime_seconds": self.wasmbox.uptime().as_secs_f64(),
             "executions": self.wasmbox.executions(),
             "runtimes": runtimes,
+        }))
+    }
+
+    fn metrics(&self) -> CallToolResult {
+        ok_result(json!({
+            "location": "local",
+            "uptime_seconds": self.wasmbox.uptime().as_secs_f64(),
+            "executions": self.wasmbox.executions(),
+            "pools": self.wasmbox.pool_stats(),
+            "memory": {"rss_bytes": rss_bytes()},
+            "max_concurrency": self.wasmbox.config().max_concurrency,
         }))
     }
 
@@ -324,7 +367,12 @@ impl WasmboxServer {
 }
 
 /// The local templates: (id, name, description, languages).
-fn templates() -> Vec<(&'static str, &'static str, &'static str, &'static [&'static str])> {
+fn templates() -> Vec<(
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+)> {
     const PY: &str = "Python 3.15 (WASI) with numpy, pandas, scipy, scikit-learn and matplotlib, run locally in WebAssembly";
     vec![
         (
@@ -341,6 +389,14 @@ fn templates() -> Vec<(&'static str, &'static str, &'static str, &'static [&'sta
             &["javascript"],
         ),
     ]
+}
+
+/// Resident set size of this process (Linux), or null elsewhere.
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 fn parse<T: DeserializeOwned>(tool: &str, args: JsonObject) -> Result<T, CallToolResult> {

@@ -1,0 +1,47 @@
+"""Smoke test with the official MCP Python SDK (a client we did not write) against `wasmbox serve`.
+
+Usage: python scripts/mcp_smoke.py [path/to/wasmbox]   (needs `pip install mcp`)
+"""
+
+import asyncio
+import json
+import sys
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+BIN = sys.argv[1] if len(sys.argv) > 1 else "target/release/wasmbox"
+
+
+async def main() -> int:
+    params = StdioServerParameters(command=BIN, args=["serve"])
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            init = await session.initialize()
+            print("server:", init.server_info.name, init.server_info.version)
+            tools = await session.list_tools()
+            print("tools:", ", ".join(t.name for t in tools.tools))
+            checks = [
+                ("execute_code", {"code": "print(6*7)"}, lambda r: r["stdout"] == "42\n" and r["exit_code"] == 0),
+                ("execute_code_isolated", {"code": "import pandas as pd; print(pd.__version__)"}, lambda r: r["exit_code"] == 0),
+                ("execute_code", {"code": "console.log([1,2].map(x => x * 21))", "language": "javascript"},
+                 lambda r: r["stdout"] == "[ 21, 42 ]\n"),
+                ("execute_code", {"code": "while True: pass", "timeout": 1}, lambda r: r["limit"] == "timeout"),
+                ("health", {}, lambda r: r["status"] == "ok"),
+                ("list_templates", {}, lambda r: r["count"] >= 1),
+            ]
+            failed = 0
+            for name, args, ok in checks:
+                res = await session.call_tool(name, args)
+                obj = json.loads(res.content[0].text)
+                good = not res.is_error and ok(obj) and res.structured_content == obj
+                failed += not good
+                print(("ok  " if good else "FAIL"), name, json.dumps(args)[:60], "->", json.dumps(obj)[:160])
+            bad = await session.call_tool("execute_code", {"code": "1", "language": "cobol"})
+            print(("ok  " if bad.is_error else "FAIL"), "unknown language ->", bad.content[0].text.splitlines()[1:3])
+            failed += not bad.is_error
+    print("passed" if not failed else f"{failed} failed")
+    return 1 if failed else 0
+
+
+sys.exit(asyncio.run(main()))

@@ -1,0 +1,48 @@
+//! Pre-initialised images: a module instantiated once, warmed up (e.g. Python with pandas
+//! imported), and snapshotted with wasmtime-wizer into a new module whose memory already holds
+//! that state. Instances of the image start where the warm-up ended, copy-on-write.
+
+use wasmtime::{Engine, Instance, Module, Store};
+use wasmtime_wizer::{WasmtimeWizer, Wizer};
+
+use super::cache::with_progress;
+use crate::error::{Error, Result};
+
+/// Instruments `wasm`, lets `warm` instantiate and run it on `engine`, and returns the snapshot.
+///
+/// `warm` gets the instrumented module and must return the store and instance after the
+/// warm-up. It must use the production imports and the production preopen layout: the guest's
+/// libc bakes its preopen table into the snapshot.
+pub fn build<T: Send + 'static>(
+    engine: &Engine,
+    wasm: &[u8],
+    label: &str,
+    warm: impl FnOnce(&Module) -> Result<(Store<T>, Instance)>,
+) -> Result<Vec<u8>> {
+    let wizer = Wizer::new();
+    let (cx, instrumented) = wizer
+        .instrument(wasm)
+        .map_err(|e| Error::Engine(format!("instrumenting {label}: {e:#}")))?;
+    let module = with_progress(
+        &format!("{label} (warm-up build)"),
+        instrumented.len(),
+        || Module::new(engine, &instrumented),
+    )
+    .map_err(|e| Error::Engine(format!("compiling instrumented {label}: {e:#}")))?;
+    drop(instrumented);
+    let (mut store, instance) = warm(&module)?;
+    tracing::info!("{label}: warm-up done; taking the snapshot");
+    // The snapshot reads memories and globals without running wasm: a current-thread runtime
+    // is enough to drive wizer's async API.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| Error::Engine(format!("snapshot runtime: {e}")))?;
+    rt.block_on(wizer.snapshot(
+        &cx,
+        &mut WasmtimeWizer {
+            store: &mut store,
+            instance,
+        },
+    ))
+    .map_err(|e| Error::Engine(format!("snapshotting {label}: {e:#}")))
+}

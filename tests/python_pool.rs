@@ -1,0 +1,113 @@
+//! The fast path: a pre-initialised Python image (scientific stack already imported) served from
+//! a pool of ready instances, over stdio MCP.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn scientific_stack_is_already_imported() {
+    let c = server().await;
+    let r = py(
+        &c,
+        "import sys\n\
+         print(all(m in sys.modules for m in ['numpy', 'pandas', 'matplotlib.pyplot', 'scipy', 'sklearn']))",
+    )
+    .await;
+    assert_eq!(r["stdout"], "True\n", "{r}");
+    let r = py(
+        &c,
+        "import io\nimport matplotlib.pyplot as plt\n\
+         fig, ax = plt.subplots()\nax.plot([1, 2, 3], [1, 4, 9])\n\
+         buf = io.BytesIO()\nfig.savefig(buf, format='png')\n\
+         print(buf.getvalue()[:4] == b'\\x89PNG', len(buf.getvalue()) > 1000)",
+    )
+    .await;
+    assert_eq!(r["stdout"], "True True\n", "{r}");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn each_one_shot_has_its_own_random_sequence() {
+    let c = server().await;
+    let code = "import random\nimport numpy as np\nprint(random.random(), np.random.rand())";
+    let a = py(&c, code).await["stdout"].as_str().unwrap().to_string();
+    let b = py(&c, code).await["stdout"].as_str().unwrap().to_string();
+    let (a1, a2) = a.trim().split_once(' ').unwrap();
+    let (b1, b2) = b.trim().split_once(' ').unwrap();
+    assert_ne!(a1, b1, "random.random() repeated across sandboxes");
+    assert_ne!(a2, b2, "np.random.rand() repeated across sandboxes");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn env_and_working_dir_apply_per_call() {
+    let c = server().await;
+    for (i, word) in ["first", "second"].iter().enumerate() {
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"code": "import os\nprint(os.environ.get('WORD'), os.environ['HOME'], os.getcwd(), os.environ.get('N'))",
+                   "env": {"WORD": word, "N": i.to_string()}}),
+        )
+        .await;
+        assert_eq!(
+            object(&r)["stdout"],
+            format!("{word} /tmp /workspace {i}\n")
+        );
+    }
+    let r = py(&c, "import os\nprint(os.environ.get('WORD'))").await;
+    assert_eq!(r["stdout"], "None\n", "an earlier call's env must not leak");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn echo_prints_the_final_expression_when_asked() {
+    let c = server().await;
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "import pandas as pd\npd.Series([1, 2, 3]).sum()", "echo": true}),
+    )
+    .await;
+    assert_eq!(object(&r)["stdout"], "np.int64(6)\n");
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn pool_exhaustion_falls_back_to_fresh_instances() {
+    let c = server_with_env(&[("WASMBOX_POOL_SIZE", "1")]).await;
+    let calls = (0..6).map(|i| {
+        let c = &c;
+        async move { py(c, &format!("print({i} * 2)")).await }
+    });
+    let results = futures::future::join_all(calls).await;
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r["stdout"], format!("{}\n", i * 2));
+    }
+    // A trap and a deadline in pooled instances leave the pool serving.
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "while True: pass", "timeout": 1}),
+    )
+    .await;
+    assert_eq!(object(&r)["limit"], "timeout");
+    assert_eq!(py(&c, "print('after')").await["stdout"], "after\n");
+    let m = object(&call(&c, "get_system_metrics", json!({})).await);
+    let pool = &m["pools"][0];
+    assert_eq!(pool["name"], "python");
+    assert_eq!(pool["target"], 1);
+    let (hits, misses) = (
+        pool["hits"].as_u64().unwrap(),
+        pool["misses"].as_u64().unwrap(),
+    );
+    assert_eq!(hits + misses, 8, "{m}");
+    assert!(
+        misses >= 1,
+        "6 concurrent calls on a pool of 1 must miss: {m}"
+    );
+    assert!(m["memory"]["rss_bytes"].as_u64().unwrap() > 0);
+    c.cancel().await.unwrap();
+}
