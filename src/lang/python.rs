@@ -41,24 +41,13 @@ const BASE_ENV: &[(&str, &str)] = &[
 /// `_wasmbox.run`, which runs the caller's code the way `python -c` would — no echo of a final
 /// expression unless asked, tracebacks that show the caller's own lines as `<code>` without a
 /// frame of ours — after applying the call's environment and working directory, which a
-/// snapshot would otherwise have frozen; and `_wasmbox.warm`, which reseeds the random
-/// generators a snapshot would otherwise share between all instances.
+/// snapshot would otherwise have frozen.
 const PROLOGUE: &str = r#"
 import os, sys, types
 os.chdir('/workspace')
 _wb = types.ModuleType('_wasmbox')
 exec('''
 import os, sys, linecache, __main__
-
-def warm():
-    import random
-    random.seed()
-    np = sys.modules.get('numpy')
-    if np is not None:
-        np.random.seed()
-    pd = sys.modules.get('pandas')
-    if pd is not None:
-        str(pd.DataFrame({'a': [1, 2]}).describe())
 
 def run(src, echo=False, env=None):
     if env is not None:
@@ -92,7 +81,16 @@ sys.modules['_wasmbox'] = _wb
 del os, sys, types, _wb
 "#;
 
-const WARM_TURN: &str = "__import__('_wasmbox').warm()";
+/// The turn that readies an instance: reseeds the random generators a snapshot would otherwise
+/// share between all instances, and passes through compile and exec so their pages are mapped
+/// before the caller's turn. It must stay cheap: the pool-empty path runs it on the request.
+/// (Kept out of the prologue so that changing it does not rebuild the image.)
+const WARM_TURN: &str = "import random as _r, sys as _s\n\
+_r.seed()\n\
+_np = _s.modules.get('numpy')\n\
+if _np is not None: _np.random.seed()\n\
+exec(compile('str(1 + 1)', '<warm>', 'exec'), {})\n\
+del _r, _s, _np\n";
 
 /// Packages imported into the pre-initialised image by default.
 pub const DEFAULT_PREIMPORT: &[&str] = &[
