@@ -35,7 +35,7 @@ def pct(xs: list[float], p: float) -> float:
 class Server:
     def __init__(self, binary: str, env: dict | None = None) -> None:
         self.p = subprocess.Popen(
-            [binary, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            [binary, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None if os.environ.get("WB_STDERR") else subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
         )
         self.id = 0

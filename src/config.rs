@@ -25,6 +25,9 @@ pub struct Config {
     pub max_concurrency: usize,
     /// Python image and pool settings.
     pub python: PythonOptions,
+    /// Instance slots of wasmtime's pooling allocator (0: allocate on demand). Must cover every
+    /// live instance: ready pools, running executions and sessions.
+    pub pooled_instances: u32,
 }
 
 pub const MIB: usize = 1 << 20;
@@ -33,7 +36,8 @@ impl Config {
     /// Defaults, overridden by `WASMBOX_RUNTIMES`, `WASMBOX_CACHE`, `WASMBOX_MEMORY_MB`,
     /// `WASMBOX_OUTPUT_BYTES`, `WASMBOX_CONCURRENCY`, `WASMBOX_PYTHON_PREIMPORT` (comma-separated
     /// modules, or `none` for no pre-initialised image), `WASMBOX_POOL_SIZE`,
-    /// `WASMBOX_POOL_MEMORY_MB` and `WASMBOX_POOL_REFILL_THREADS`.
+    /// `WASMBOX_POOL_MEMORY_MB`, `WASMBOX_POOL_REFILL_THREADS` and `WASMBOX_POOLED_INSTANCES` (0 turns the
+    /// pooling allocator off).
     pub fn from_env() -> Self {
         let env_num = |name: &str| {
             std::env::var(name)
@@ -62,6 +66,7 @@ impl Config {
             max_output_bytes: output.max(16 * MIB),
             max_code_bytes: 4 * MIB,
             max_concurrency: env_num("WASMBOX_CONCURRENCY").unwrap_or(cores * 2).max(1),
+            pooled_instances: env_num("WASMBOX_POOLED_INSTANCES").unwrap_or(256) as u32,
             python: PythonOptions {
                 preimport: match std::env::var("WASMBOX_PYTHON_PREIMPORT") {
                     Ok(v) if v.trim() == "none" || v.trim().is_empty() => Vec::new(),

@@ -68,7 +68,7 @@ pub struct RuntimeStatus {
 impl Wasmbox {
     /// Builds the engine. Runtimes load on first use or with [`Wasmbox::prepare`].
     pub fn new(config: Config) -> Result<Self> {
-        let engine = engine::build_engine()?;
+        let engine = engine::build_engine(config.pooled_instances, config.max_memory_bytes)?;
         let cache = ModuleCache::new(config.cache_dir.clone());
         Ok(Self {
             inner: Arc::new(Inner {
@@ -277,7 +277,10 @@ impl Wasmbox {
             .await
             .map_err(|_| Error::Busy("shutting down".into()))?;
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
-        self.inner.guests.run(job).await
+        let t = Instant::now();
+        let r = self.inner.guests.run(job).await;
+        tracing::debug!("execute: on guest thread {:?}", t.elapsed());
+        r
     }
 }
 

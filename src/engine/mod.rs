@@ -27,8 +27,27 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Builds the engine shared by every runtime and starts its epoch ticker.
 ///
 /// The ticker holds only a weak reference and ends when the last clone of the engine is dropped.
-pub fn build_engine() -> Result<Engine> {
-    let engine = Engine::new(&base_config()).map_err(|e| Error::Engine(format!("{e:#}")))?;
+///
+/// With `pooled_instances` > 0 the engine uses wasmtime's pooling allocator with that many
+/// slots: instance memories are reused and reset with `madvise` instead of being mapped and
+/// unmapped per sandbox, which takes the process-wide mmap write lock and stalls every other
+/// guest's page faults. Each slot reserves (not commits) `max_memory` of address space.
+pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> {
+    let mut config = base_config();
+    if pooled_instances > 0 {
+        let mut pool = wasmtime::PoolingAllocationConfig::new();
+        pool.total_core_instances(pooled_instances)
+            .total_memories(pooled_instances)
+            .total_tables(pooled_instances)
+            .total_gc_heaps(pooled_instances)
+            // CPython's function table has 47157 entries.
+            .table_elements(1 << 16)
+            // CPython's instance context (one funcref per table entry) is over 1 MiB.
+            .max_core_instance_size(8 << 20)
+            .max_memory_size(max_memory);
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    }
+    let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
     start_epoch_ticker(&engine);
     Ok(engine)
 }

@@ -82,12 +82,14 @@ impl<T: Send + 'static> Pool<T> {
     }
 
     /// A ready instance, or `None` when the pool is empty (counted as a miss).
+    ///
+    /// The refill is not started here: call [`Pool::refill`] once the request is answered, so
+    /// the refill's page faults do not compete with the request's own.
     pub fn take(&self) -> Option<T> {
         let got = self.shared.ready.lock().unwrap().pop_front();
         match got {
             Some(t) => {
                 self.shared.hits.fetch_add(1, Ordering::Relaxed);
-                self.shared.wake.notify_one();
                 Some(t)
             }
             None => {
@@ -95,6 +97,11 @@ impl<T: Send + 'static> Pool<T> {
                 None
             }
         }
+    }
+
+    /// Wakes a refill thread if the pool is below its target.
+    pub fn refill(&self) {
+        self.shared.wake.notify_one();
     }
 
     /// Makes an instance now, on the caller's thread (the pool-empty path).

@@ -11,6 +11,28 @@ use crate::error::{Error, Result};
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// Drops spent sandboxes on a background thread: unmapping a guest's memory and removing its
+/// scratch directories takes milliseconds that the caller should not wait for.
+pub fn drop_later<T: Send + 'static>(spent: T) {
+    static REAPER: std::sync::OnceLock<Mutex<mpsc::Sender<Job>>> = std::sync::OnceLock::new();
+    let tx = REAPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("wasmbox-reaper".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })
+            .expect("spawning the reaper thread");
+        Mutex::new(tx)
+    });
+    let job: Job = Box::new(move || drop(spent));
+    if let Err(mpsc::SendError(job)) = tx.lock().unwrap().send(job) {
+        job();
+    }
+}
+
 /// A fixed set of guest threads fed from one queue.
 pub struct GuestThreads {
     tx: Mutex<mpsc::Sender<Job>>,

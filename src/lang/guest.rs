@@ -142,9 +142,11 @@ impl Guest {
     }
 
     /// Maps the guest's outcome (an exit status, or the error a trap or `proc_exit` raised) and
-    /// its output to the caller-facing result, then drops the sandbox.
+    /// its output to the caller-facing result; the sandbox is dropped in the background.
     pub fn finish(mut self, outcome: wasmtime::Result<i32>, language: Language) -> ExecResult {
-        self.result(outcome, language)
+        let result = self.result(outcome, language);
+        crate::engine::threads::drop_later(self);
+        result
     }
 
     /// The result of the latest call on a guest that lives on (a session): takes the output
