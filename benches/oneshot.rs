@@ -1,5 +1,9 @@
-//! Latency of Python and JavaScript one-shots through the library (fresh instance + one turn + drop), the
-//! number the README reports. Run with `cargo bench --bench oneshot`.
+//! Latency of Python, JavaScript and Go one-shots through the library (fresh instance + one turn +
+//! drop), the numbers the README reports. Run with `cargo bench --bench oneshot`.
+//!
+//! Go: `go_repeat_snippet` runs the same source again (its module is cached in memory);
+//! `go_new_snippet` changes a constant every iteration, so each one runs the Go toolchain (with
+//! the GOCACHE pre-warmed by ./fetch-runtimes.sh) and a Winch compile.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use wasmbox::{Config, ExecOptions, Wasmbox};
@@ -38,6 +42,40 @@ fn oneshot(c: &mut Criterion) {
             })
         });
     }
+    group.finish();
+
+    let run = |code: String| {
+        let req = wb
+            .request(ExecOptions {
+                language: "go".into(),
+                code,
+                ..Default::default()
+            })
+            .unwrap();
+        let r = rt.block_on(wb.execute(req)).unwrap();
+        assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    };
+    let mut group = c.benchmark_group("go");
+    group.sample_size(20);
+    const HELLO: &str =
+        "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"hello\", 1+1) }\n";
+    run(HELLO.into());
+    group.bench_function("go_repeat_snippet", |b| b.iter(|| run(HELLO.into())));
+    group.sample_size(10);
+    // A constant unique to this process and iteration: a snippet the caches have never seen.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let mut n = 0u64;
+    group.bench_function("go_new_snippet", |b| {
+        b.iter(|| {
+            n += 1;
+            run(format!(
+                "package main\n\nimport \"fmt\"\n\nconst n = {n}\nconst seed = \"{seed}\"\n\nfunc main() {{ fmt.Println(\"hello\", n, seed) }}\n"
+            ))
+        })
+    });
     group.finish();
 }
 

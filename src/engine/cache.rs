@@ -116,7 +116,20 @@ impl ModuleCache {
     /// it when no valid cached copy exists.
     pub fn load(&self, engine: &Engine, wasm_path: &Path, label: &str) -> Result<(Module, Origin)> {
         let sha = self.file_sha256(wasm_path)?;
-        let key = Self::key(engine, &sha);
+        self.load_keyed(engine, &sha, wasm_path, label)
+    }
+
+    /// Like [`ModuleCache::load`], for a module whose identity the caller already knows: `id`
+    /// must name the module's bytes uniquely (its SHA-256, or the hash of the inputs of a
+    /// reproducible build), so nothing is hashed and `wasm_path` is read only to compile.
+    pub fn load_keyed(
+        &self,
+        engine: &Engine,
+        id: &str,
+        wasm_path: &Path,
+        label: &str,
+    ) -> Result<(Module, Origin)> {
+        let key = Self::key(engine, id);
         let cwasm = self.dir.join(format!("{key}.cwasm"));
         if let Some(module) = self.try_load(engine, &cwasm, label) {
             return Ok((module, Origin::Cached));

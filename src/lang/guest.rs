@@ -192,6 +192,7 @@ fn finish(
         truncated,
         limit,
         language,
+        stage: None,
     }
 }
 
