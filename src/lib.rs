@@ -191,7 +191,11 @@ impl Wasmbox {
 
     async fn load_go(&self) -> Result<(Arc<GoRuntime>, Origin)> {
         load_once(&self.inner.go, self.inner.clone(), |inner| {
-            let go = GoRuntime::load(&inner.config.runtimes_dir, &inner.config.cache_dir)?;
+            let go = GoRuntime::load(
+                &inner.config.runtimes_dir,
+                &inner.config.cache_dir,
+                &inner.engine,
+            )?;
             Ok((go, Origin::Cached))
         })
         .await

@@ -272,6 +272,18 @@ async fn same_snippet_twice_hits_the_cache() {
         h2["runtimes"]["go"].as_str().unwrap().starts_with("ready"),
         "{h2}"
     );
+    // Seen again, it is recompiled with Cranelift in the background; later runs use that.
+    let mut waited = 0;
+    loop {
+        let h = object(&call(&c, "health", json!({})).await);
+        if stats(&h, "optimized") == 1 {
+            break;
+        }
+        waited += 1;
+        assert!(waited < 600, "never optimized: {h}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(go(&c, &code).await["stdout"], r["stdout"]);
     c.cancel().await.unwrap();
 
     // A fresh server finds the built program on disk: still no build.

@@ -157,6 +157,12 @@ impl ModuleCache {
         Ok((module, Origin::Compiled))
     }
 
+    /// The module `id` compiled for `engine`, if this cache already holds it (never compiles).
+    pub fn cached(&self, engine: &Engine, id: &str, label: &str) -> Option<Module> {
+        let cwasm = self.dir.join(format!("{}.cwasm", Self::key(engine, id)));
+        self.try_load(engine, &cwasm, label)
+    }
+
     fn try_load(&self, engine: &Engine, cwasm: &Path, label: &str) -> Option<Module> {
         if !cwasm.is_file() {
             return None;

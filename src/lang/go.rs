@@ -6,13 +6,14 @@
 //! version, flags) in `<cache>/go-wasm/`, their compiled modules in `<cache>/go-modules/` (the
 //! module cache, keyed by engine), both bounded by an LRU on mtime; loaded modules stay in
 //! memory (a small LRU). New snippets are compiled with Winch, wasmtime's baseline compiler:
-//! 0.3-0.9 s instead of 3-6 s with Cranelift on 2 cores.
+//! 0.3-0.9 s instead of 3-6 s with Cranelift on 2 cores. A snippet run again is recompiled with
+//! Cranelift in the background (one at a time), and later runs use that faster code.
 
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -79,6 +80,10 @@ pub struct GoCacheStats {
     pub module_hits: u64,
     /// Build failures (compile errors and build deadlines).
     pub failed_builds: u64,
+    /// Snippets recompiled with Cranelift after they ran again.
+    pub optimized: u64,
+    /// A recompile with Cranelift is running now.
+    pub optimizing: bool,
 }
 
 #[derive(Default)]
@@ -87,6 +92,7 @@ struct Counters {
     wasm_hits: AtomicU64,
     module_hits: AtomicU64,
     failed_builds: AtomicU64,
+    optimized: AtomicU64,
 }
 
 /// A located, working Go toolchain.
@@ -142,6 +148,10 @@ impl GoToolchain {
 /// A loaded module, ready to instantiate.
 struct Loaded {
     pre: InstancePre<GuestState>,
+    /// The engine `pre` was compiled for (stores must use the same one).
+    engine: Engine,
+    /// Compiled with Cranelift rather than Winch.
+    optimized: bool,
     last_used: AtomicU64,
 }
 
@@ -150,6 +160,10 @@ pub struct GoRuntime {
     toolchain: GoToolchain,
     engine: Engine,
     linker: Linker<GuestState>,
+    /// Cranelift (the runtimes' engine), for snippets that run again.
+    optimizing: Engine,
+    optimizing_linker: Linker<GuestState>,
+    tiering: AtomicBool,
     modules: ModuleCache,
     wasm_dir: PathBuf,
     modules_dir: PathBuf,
@@ -169,11 +183,13 @@ enum Built {
 }
 
 impl GoRuntime {
-    /// Finds the toolchain and makes the Winch engine; compiles nothing.
-    pub fn load(runtimes_dir: &Path, cache_dir: &Path) -> Result<Self> {
+    /// Finds the toolchain and makes the Winch engine; compiles nothing. `optimizing` is the
+    /// Cranelift engine that snippets seen again are recompiled with.
+    pub fn load(runtimes_dir: &Path, cache_dir: &Path, optimizing: &Engine) -> Result<Self> {
         let toolchain = GoToolchain::find(runtimes_dir)?;
         let engine = build_engine_with(Strategy::Winch)?;
         let linker = wasi_linker(&engine)?;
+        let optimizing_linker = wasi_linker(optimizing)?;
         let wasm_dir = cache_dir.join("go-wasm");
         let modules_dir = cache_dir.join("go-modules");
         for d in [&wasm_dir, &modules_dir] {
@@ -188,6 +204,9 @@ impl GoRuntime {
             toolchain,
             engine,
             linker,
+            optimizing: optimizing.clone(),
+            optimizing_linker,
+            tiering: AtomicBool::new(false),
             modules: ModuleCache::new(&modules_dir),
             wasm_dir,
             modules_dir,
@@ -211,6 +230,8 @@ impl GoRuntime {
             wasm_hits: c.wasm_hits.load(Ordering::Relaxed),
             module_hits: c.module_hits.load(Ordering::Relaxed),
             failed_builds: c.failed_builds.load(Ordering::Relaxed),
+            optimized: c.optimized.load(Ordering::Relaxed),
+            optimizing: self.tiering.load(Ordering::Relaxed),
         }
     }
 
@@ -229,7 +250,7 @@ impl GoRuntime {
 
     /// Builds (or finds) and runs `req` in a fresh instance. Blocking: call it on a guest thread.
     /// The deadline covers build and run.
-    pub fn run_oneshot(&self, req: &ExecRequest) -> Result<ExecResult> {
+    pub fn run_oneshot(self: &Arc<Self>, req: &ExecRequest) -> Result<ExecResult> {
         let start = Instant::now();
         let deadline = start + req.timeout;
         let source = match prepare_source(&req.code) {
@@ -251,7 +272,7 @@ impl GoRuntime {
             base_env: BASE_ENV,
             read_only: &[],
         };
-        let mut guest = Guest::new(&self.engine, &run_req, &spec)?;
+        let mut guest = Guest::new(&loaded.engine, &run_req, &spec)?;
         let outcome = loaded
             .pre
             .instantiate(&mut guest.store)
@@ -270,7 +291,7 @@ impl GoRuntime {
     /// The loaded module for `source`: from memory, from the disk caches, or built now. Only one
     /// request builds a given key; others wait for it (within their own deadline).
     fn module_for(
-        &self,
+        self: &Arc<Self>,
         source: &str,
         req: &ExecRequest,
         start: Instant,
@@ -280,6 +301,9 @@ impl GoRuntime {
         if let Some(l) = self.memory_hit(&key) {
             self.counters.wasm_hits.fetch_add(1, Ordering::Relaxed);
             self.counters.module_hits.fetch_add(1, Ordering::Relaxed);
+            if !l.optimized {
+                self.tier_up(&key);
+            }
             return Ok(Built::Ready(l));
         }
         let lock = self
@@ -349,41 +373,93 @@ impl GoRuntime {
                 }
             }
         }
-        let (module, _) = self
-            .modules
-            .load_keyed(&self.engine, key, &wasm, "go snippet")?;
-        let pre = self
-            .linker
-            .instantiate_pre(&module)
-            .map_err(|e| Error::Engine(format!("go: linking the snippet: {e:#}")))?;
-        let loaded = Arc::new(Loaded {
-            pre,
-            last_used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
-        });
-        {
-            let mut map = self.loaded.lock().unwrap();
-            map.insert(key.to_string(), loaded.clone());
-            while map.len() > MEMORY_LRU {
-                let oldest = map
-                    .iter()
-                    .min_by_key(|(_, l)| l.last_used.load(Ordering::Relaxed))
-                    .map(|(k, _)| k.clone());
-                match oldest {
-                    Some(k) => map.remove(&k),
-                    None => break,
-                };
+        // A snippet optimized by an earlier process is used as is; else Winch (fast compile).
+        let optimized = wasm_known
+            .then(|| self.modules.cached(&self.optimizing, key, "go snippet"))
+            .flatten();
+        let (engine, linker, module) = match optimized {
+            Some(m) => (&self.optimizing, &self.optimizing_linker, m),
+            None => {
+                let (m, _) = self
+                    .modules
+                    .load_keyed(&self.engine, key, &wasm, "go snippet")?;
+                (&self.engine, &self.linker, m)
             }
-        }
+        };
+        let loaded = self.remember(key, engine, linker, &module)?;
         // Keep the compiled module fresh for the disk LRU (memory hits never come here).
         touch(
             &self
                 .modules_dir
-                .join(format!("{}.cwasm", ModuleCache::key(&self.engine, key))),
+                .join(format!("{}.cwasm", ModuleCache::key(engine, key))),
         );
         if !wasm_known {
             self.evict();
         }
         Ok(Built::Ready(loaded))
+    }
+
+    /// Links `module` and keeps it in the memory LRU under `key`.
+    fn remember(
+        &self,
+        key: &str,
+        engine: &Engine,
+        linker: &Linker<GuestState>,
+        module: &wasmtime::Module,
+    ) -> Result<Arc<Loaded>> {
+        let pre = linker
+            .instantiate_pre(module)
+            .map_err(|e| Error::Engine(format!("go: linking the snippet: {e:#}")))?;
+        let loaded = Arc::new(Loaded {
+            pre,
+            engine: engine.clone(),
+            optimized: Engine::same(engine, &self.optimizing),
+            last_used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
+        });
+        let mut map = self.loaded.lock().unwrap();
+        map.insert(key.to_string(), loaded.clone());
+        while map.len() > MEMORY_LRU {
+            let oldest = map
+                .iter()
+                .min_by_key(|(_, l)| l.last_used.load(Ordering::Relaxed))
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => map.remove(&k),
+                None => break,
+            };
+        }
+        Ok(loaded)
+    }
+
+    /// Recompiles a snippet that ran again with Cranelift on a background thread (one at a
+    /// time, so a 2-core machine keeps a core for requests); later runs use the faster code.
+    fn tier_up(self: &Arc<Self>, key: &str) {
+        if self.tiering.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        let key = key.to_string();
+        let spawned = std::thread::Builder::new()
+            .name("wasmbox-go-tierup".into())
+            .spawn(move || {
+                let wasm = this.wasm_dir.join(format!("{key}.wasm"));
+                let out = this
+                    .modules
+                    .load_keyed(&this.optimizing, &key, &wasm, "go snippet (Cranelift)")
+                    .and_then(|(m, _)| {
+                        this.remember(&key, &this.optimizing, &this.optimizing_linker, &m)
+                    });
+                match out {
+                    Ok(_) => {
+                        this.counters.optimized.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::warn!("go: optimizing a snippet failed: {e}"),
+                }
+                this.tiering.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.tiering.store(false, Ordering::Release);
+        }
     }
 
     /// Runs `go build` in a private temp dir under the deadline. `Ok(None)`: `wasm` now holds
