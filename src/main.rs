@@ -33,7 +33,7 @@ enum Command {
     Serve,
     /// Run code once in a fresh sandbox; prints its output and exits with its exit code.
     Run {
-        /// python or javascript (js, node); go and bash are not available in this build yet.
+        /// python, javascript (js, node) or go (golang); bash is not available in this build yet.
         #[arg(long, short, default_value = "python")]
         language: String,
         /// The code; `-` reads it from stdin.

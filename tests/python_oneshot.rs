@@ -152,7 +152,7 @@ async fn unknown_language_is_a_clear_tool_error() {
 #[tokio::test]
 async fn languages_not_built_yet_say_so() {
     let c = server().await;
-    for (lang, needle) in [("go", "not available yet"), ("bash", "HOPX_API_KEY")] {
+    for (lang, needle) in [("bash", "HOPX_API_KEY")] {
         let r = call(
             &c,
             "execute_code_isolated",

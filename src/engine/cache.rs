@@ -121,6 +121,21 @@ impl ModuleCache {
         })
     }
 
+    /// Like [`ModuleCache::load`], for a module whose identity the caller already knows: `id`
+    /// must name the module's bytes uniquely (its SHA-256, or the hash of the inputs of a
+    /// reproducible build), so nothing is hashed and `wasm_path` is read only to compile.
+    pub fn load_keyed(
+        &self,
+        engine: &Engine,
+        id: &str,
+        wasm_path: &Path,
+        label: &str,
+    ) -> Result<(Module, Origin)> {
+        self.load_with(engine, id, label, || {
+            fs::read(wasm_path).map_err(|e| Error::io(wasm_path, e))
+        })
+    }
+
     /// Loads the module identified by `source_key` (a hash of everything that determines its
     /// bytes), calling `wasm` to produce the bytes only when no compiled copy is cached. Derived
     /// modules (pre-initialised images) use this so they are built once, not on every start.
@@ -157,6 +172,12 @@ impl ModuleCache {
         })?;
         drop(lock);
         Ok((module, Origin::Compiled))
+    }
+
+    /// The module `id` compiled for `engine`, if this cache already holds it (never compiles).
+    pub fn cached(&self, engine: &Engine, id: &str, label: &str) -> Option<Module> {
+        let cwasm = self.dir.join(format!("{}.cwasm", Self::key(engine, id)));
+        self.try_load(engine, &cwasm, label)
     }
 
     fn try_load(&self, engine: &Engine, cwasm: &Path, label: &str) -> Option<Module> {

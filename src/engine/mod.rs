@@ -9,7 +9,7 @@ pub mod threads;
 
 use std::time::Duration;
 
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, Strategy};
 
 use crate::error::{Error, Result};
 
@@ -33,7 +33,7 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// unmapped per sandbox, which takes the process-wide mmap write lock and stalls every other
 /// guest's page faults. Each slot reserves (not commits) `max_memory` of address space.
 pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> {
-    let mut config = base_config();
+    let mut config = base_config(Strategy::Cranelift);
     if pooled_instances > 0 {
         let mut pool = wasmtime::PoolingAllocationConfig::new();
         pool.total_core_instances(pooled_instances)
@@ -56,15 +56,27 @@ pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> 
 /// without optimisation, which compiles CPython about twice as fast. It has no epoch ticker, so
 /// its stores never time out.
 pub fn warmup_engine() -> Result<Engine> {
-    let mut config = base_config();
+    let mut config = base_config(Strategy::Cranelift);
     config.cranelift_opt_level(wasmtime::OptLevel::None);
     Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))
 }
 
-fn base_config() -> Config {
+/// An engine with the given compiler and otherwise the same settings (epochs, wasm stack, CoW),
+/// allocating on demand. `Strategy::Winch` is the fast baseline compiler used for Go snippets
+/// (about 10x faster to compile than Cranelift, somewhat slower code); it does not support the
+/// exception-handling proposal, which only CPython needs, so that is on for Cranelift only.
+pub fn build_engine_with(strategy: Strategy) -> Result<Engine> {
+    let engine =
+        Engine::new(&base_config(strategy)).map_err(|e| Error::Engine(format!("{e:#}")))?;
+    start_epoch_ticker(&engine);
+    Ok(engine)
+}
+
+fn base_config(strategy: Strategy) -> Config {
     let mut config = Config::new();
+    config.strategy(strategy);
     // CPython for WASI is built with the exception-handling proposal.
-    config.wasm_exceptions(true);
+    config.wasm_exceptions(!matches!(strategy, Strategy::Winch));
     // Deadlines: a guest loop is interrupted when its store's epoch deadline passes.
     config.epoch_interruption(true);
     config.max_wasm_stack(MAX_WASM_STACK);

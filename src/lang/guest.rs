@@ -237,6 +237,7 @@ fn finish(
         truncated,
         limit,
         language,
+        stage: None,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Languages: the request and result types every adapter shares, and one adapter per language.
 
+pub mod go;
 pub mod guest;
 pub mod javascript;
 pub mod python;
@@ -75,6 +76,28 @@ pub struct ExecResult {
     /// Which limit stopped or cut the execution, if any.
     pub limit: Option<LimitHit>,
     pub language: Language,
+    /// For languages that are built before they run (Go): which stage the result comes from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<Stage>,
+}
+
+/// The stage of a built language's execution that a result comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Building the snippet (a compile error, or the deadline passed while building).
+    Compile,
+    /// Running the built program.
+    Run,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Compile => "compile",
+            Stage::Run => "run",
+        }
+    }
 }
 
 /// Exit code reported when the deadline stopped a guest (as `timeout(1)` does).

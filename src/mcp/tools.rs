@@ -25,11 +25,15 @@ use crate::{Error, ExecOptions, ExecResult, Wasmbox};
 const INSTRUCTIONS: &str = "wasmbox runs code locally in WebAssembly sandboxes, offline, with \
 the HOPX MCP tool surface. execute_code (mode 'isolated', the default) runs a one-shot in a fresh \
 sandbox that is discarded afterwards; execute_code_isolated is the same. Languages: python (with \
-numpy, pandas, scipy, scikit-learn and matplotlib) and javascript (QuickJS: ES2023, promises, \
-timers, console, process, require('fs'); no npm, no network). Each run sees only its own empty /workspace (the working \
+numpy, pandas, scipy, scikit-learn and matplotlib), javascript (QuickJS: ES2023, promises, \
+timers, console, process, require('fs'); no npm, no network) and go (a real Go toolchain builds \
+the snippet for wasip1: `package main` in one file, standard library only; a snippet without a \
+package clause is wrapped; compile errors come back with stage 'compile' and ./main.go:LINE:COL \
+positions). Each run sees only its own empty /workspace (the working \
 directory), no network and no host environment, and runs under limits (timeout seconds, default \
 30, max 300; memory; output). Results carry stdout, stderr, exit_code, execution_time and success, \
-plus 'limit' when a limit stopped the run and 'truncated' when output was cut.";
+plus 'limit' when a limit stopped the run, 'truncated' when output was cut and, for go, 'stage' \
+(compile or run).";
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -44,7 +48,8 @@ pub struct WasmboxServer {
 struct ExecuteCodeIsolatedArgs {
     /// The code to run.
     code: String,
-    /// python (default), javascript (js, node), go or bash. python and javascript run locally.
+    /// python (default), javascript (js, node), go (golang) or bash. python, javascript and go
+    /// run locally.
     #[serde(default = "default_language")]
     language: String,
     /// Deadline in seconds (default 30, max 300).
@@ -85,7 +90,8 @@ struct ExecuteCodeArgs {
     /// Required by the persistent, rich and background modes.
     #[serde(default)]
     sandbox_id: Option<String>,
-    /// python (default), javascript (js, node), go or bash. python and javascript run locally.
+    /// python (default), javascript (js, node), go (golang) or bash. python, javascript and go
+    /// run locally.
     #[serde(default = "default_language")]
     language: String,
     /// Deadline in seconds (default 30, max 300).
@@ -297,6 +303,7 @@ impl WasmboxServer {
             "uptime_seconds": self.wasmbox.uptime().as_secs_f64(),
             "executions": self.wasmbox.executions(),
             "runtimes": runtimes,
+            "go_cache": self.wasmbox.go_cache_stats(),
         }))
     }
 
@@ -378,8 +385,8 @@ fn templates() -> Vec<(
         (
             "code-interpreter",
             "code-interpreter",
-            "Python 3.15 (numpy, pandas, scipy, scikit-learn, matplotlib) and JavaScript (QuickJS-NG), run locally in WebAssembly",
-            &["python", "javascript"],
+            "Python 3.15 (numpy, pandas, scipy, scikit-learn, matplotlib), JavaScript (QuickJS-NG) and Go (standard library, built for wasip1), run locally in WebAssembly",
+            &["python", "javascript", "go"],
         ),
         ("python", "python", PY, &["python"]),
         (
@@ -387,6 +394,12 @@ fn templates() -> Vec<(
             "javascript",
             "JavaScript (QuickJS-NG 0.16, ES2023) with console, timers, process and a small fs module, run locally in WebAssembly",
             &["javascript"],
+        ),
+        (
+            "go",
+            "go",
+            "Go (standard library) built for GOOS=wasip1 by a real Go toolchain and run locally in WebAssembly",
+            &["go"],
         ),
     ]
 }
@@ -427,7 +440,7 @@ fn pretty(v: &Value) -> String {
 
 fn result_json(r: &ExecResult, mode: &str) -> CallToolResult {
     let id = format!("local-{}", uuid::Uuid::new_v4().simple());
-    ok_result(json!({
+    let mut v = json!({
         "stdout": r.stdout,
         "stderr": r.stderr,
         "exit_code": r.exit_code,
@@ -440,7 +453,11 @@ fn result_json(r: &ExecResult, mode: &str) -> CallToolResult {
         "truncated": r.truncated,
         "limit": r.limit,
         "_note": "Ran in a fresh local WebAssembly sandbox that was discarded after the run.",
-    }))
+    });
+    if let Some(stage) = r.stage {
+        v["stage"] = json!(stage.as_str());
+    }
+    ok_result(v)
 }
 
 /// An execution that could not run, in HOPX's error shape, flagged `isError`.
