@@ -74,7 +74,10 @@ impl<T: Send + 'static> Pool<T> {
                 std::thread::Builder::new()
                     .name(format!("wasmbox-pool-{name}-{i}"))
                     .stack_size(GUEST_THREAD_STACK)
-                    .spawn(move || refill(s))
+                    .spawn(move || {
+                        super::threads::lower_priority();
+                        refill(s)
+                    })
                     .expect("spawning a pool refill thread");
             }
         }

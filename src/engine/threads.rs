@@ -20,6 +20,7 @@ pub fn drop_later<T: Send + 'static>(spent: T) {
         std::thread::Builder::new()
             .name("wasmbox-reaper".into())
             .spawn(move || {
+                lower_priority();
                 while let Ok(job) = rx.recv() {
                     job();
                 }
@@ -30,6 +31,17 @@ pub fn drop_later<T: Send + 'static>(spent: T) {
     let job: Job = Box::new(move || drop(spent));
     if let Err(mpsc::SendError(job)) = tx.lock().unwrap().send(job) {
         job();
+    }
+}
+
+/// Makes the calling thread yield the CPU to request threads: background work (refills,
+/// teardown) must not delay an answer on a machine with few cores.
+pub fn lower_priority() {
+    // SAFETY: plain syscalls on the calling thread; failure only leaves the priority as it was.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
     }
 }
 
