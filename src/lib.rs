@@ -189,7 +189,12 @@ impl Wasmbox {
 
     async fn load_javascript(&self) -> Result<(Arc<JsRuntime>, Origin)> {
         load_once(&self.inner.javascript, self.inner.clone(), |inner| {
-            JsRuntime::load(&inner.engine, &inner.cache, &inner.config.runtimes_dir)
+            JsRuntime::load(
+                &inner.engine,
+                &inner.cache,
+                &inner.config.runtimes_dir,
+                inner.config.python.pool_size,
+            )
         })
         .await
     }
@@ -201,11 +206,14 @@ impl Wasmbox {
 
     /// Pool counters of the loaded runtimes (nothing is loaded by asking).
     pub fn pool_stats(&self) -> Vec<engine::pool::PoolStats> {
-        self.inner
-            .python
-            .get()
-            .map(|p| vec![p.pool_stats()])
-            .unwrap_or_default()
+        let mut out = Vec::new();
+        if let Some(p) = self.inner.python.get() {
+            out.push(p.pool_stats());
+        }
+        if let Some(js) = self.inner.javascript.get() {
+            out.push(js.pool_stats());
+        }
+        out
     }
 
     async fn load_go(&self) -> Result<(Arc<GoRuntime>, Origin)> {

@@ -197,3 +197,21 @@ fn session_keeps_state_across_calls() {
         .join()
         .unwrap();
 }
+
+#[tokio::test]
+async fn per_call_env_applies_to_pooled_contexts() {
+    let c = server().await;
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "console.log(process.env.WORD, process.env.HOME)", "language": "js", "env": {"WORD": "hi"}}),
+    )
+    .await;
+    assert_eq!(object(&r)["stdout"], "hi /tmp\n");
+    let r = js(&c, "console.log(process.env.WORD)").await;
+    assert_eq!(
+        r["stdout"], "undefined\n",
+        "an earlier call's env must not leak"
+    );
+    c.cancel().await.unwrap();
+}

@@ -5,6 +5,7 @@
 //! completion and returns 0 (ok), 1 (uncaught error or unhandled rejection, context still usable)
 //! or 2 (host error); `process.exit(n)` arrives as `proc_exit(n)`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use super::guest::{
 use super::{ExecRequest, ExecResult, Language};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::deadline_ticks;
+use crate::engine::pool::{Pool, PoolStats};
 use crate::error::{Error, Result};
 
 /// `wb_eval` flag: print the completion value (REPL style), for sessions.
@@ -34,10 +36,18 @@ pub fn module_path(runtimes_dir: &Path) -> PathBuf {
     runtimes_dir.join("quickjs").join("qjs.wasm")
 }
 
-/// A loaded JavaScript runtime: the compiled module, pre-linked once.
+/// A loaded JavaScript runtime: the compiled module pre-linked once, and a pool of contexts
+/// created ahead of time (creating one parses the prelude, about 4 ms).
 pub struct JsRuntime {
     engine: Engine,
     pre: InstancePre<GuestState>,
+    pool: Pool<Ready>,
+}
+
+/// An instance whose context is initialised and has never run user code.
+struct Ready {
+    guest: Guest,
+    instance: Instance,
 }
 
 impl JsRuntime {
@@ -45,6 +55,7 @@ impl JsRuntime {
         engine: &Engine,
         cache: &ModuleCache,
         runtimes_dir: &Path,
+        pool_size: usize,
     ) -> Result<(Self, Origin)> {
         let path = module_path(runtimes_dir);
         if !path.is_file() {
@@ -57,18 +68,37 @@ impl JsRuntime {
         let pre = wasi_linker(engine)?
             .instantiate_pre(&module)
             .map_err(engine_err)?;
+        let (e, p) = (engine.clone(), pre.clone());
+        let pool = Pool::new("javascript", pool_size, 1, move || {
+            let mut guest = Guest::unarmed(&e, &spec(), &BTreeMap::new())?;
+            let instance = start(&p, &mut guest.store).map_err(engine_err)?;
+            Ok(Ready { guest, instance })
+        });
         Ok((
             Self {
                 engine: engine.clone(),
                 pre,
+                pool,
             },
             origin,
         ))
     }
 
-    /// Runs `req` in a fresh instance and drops it. Blocking: call it on a guest thread.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Runs `req` in a ready context (from the pool, or made now) and drops it. Blocking: call
+    /// it on a guest thread.
     pub fn run_oneshot(&self, req: &ExecRequest) -> Result<ExecResult> {
-        let mut guest = Guest::new(&self.engine, req, &spec())?;
+        let Ready {
+            mut guest,
+            instance,
+        } = match self.pool.take() {
+            Some(r) => r,
+            None => self.pool.make()?,
+        };
+        guest.arm(req);
         let flags = if looks_like_module(&req.code) {
             FLAG_MODULE
         } else if req.echo {
@@ -76,9 +106,16 @@ impl JsRuntime {
         } else {
             0
         };
-        let outcome = start(&self.pre, &mut guest.store)
-            .and_then(|instance| eval(&mut guest.store, &instance, &req.code, flags));
-        Ok(guest.finish(outcome, Language::JavaScript))
+        // The context was created before the call's env was known: set process.env now.
+        let outcome = eval(&mut guest.store, &instance, &env_setup(&req.env), 0).and_then(|s| {
+            if s != 0 {
+                wasmtime::bail!("setting process.env failed with status {s}");
+            }
+            eval(&mut guest.store, &instance, &req.code, flags)
+        });
+        let result = guest.finish(outcome, Language::JavaScript);
+        self.pool.refill();
+        Ok(result)
     }
 
     /// Starts a session: one context whose globals persist across [`JsSession::eval`] calls.
@@ -129,6 +166,18 @@ impl JsSession {
     pub fn alive(&self) -> bool {
         self.alive
     }
+}
+
+/// Replaces `process.env` with the base environment plus the call's.
+fn env_setup(env: &BTreeMap<String, String>) -> String {
+    let mut full: BTreeMap<&str, &str> = BASE_ENV.iter().copied().collect();
+    for (k, v) in env {
+        full.insert(k, v);
+    }
+    let json = serde_json::to_string(&full).expect("a map always serialises");
+    format!(
+        "((e) => {{ for (const k of Object.keys(process.env)) delete process.env[k]; Object.assign(process.env, e); }})({json});"
+    )
 }
 
 fn spec() -> GuestSpec<'static> {
