@@ -111,3 +111,21 @@ async fn pool_exhaustion_falls_back_to_fresh_instances() {
     assert!(m["memory"]["rss_bytes"].as_u64().unwrap() > 0);
     c.cancel().await.unwrap();
 }
+
+/// Under sustained concurrent load, spent instances are torn down fast enough that the
+/// allocator's instance slots never run out (teardown falls back to inline when it lags).
+#[tokio::test]
+async fn sustained_load_does_not_exhaust_instance_slots() {
+    let c = server_with_env(&[("WASMBOX_POOLED_INSTANCES", "32")]).await;
+    let callers = (0..8).map(|k| {
+        let c = &c;
+        async move {
+            for i in 0..12 {
+                let r = py(c, &format!("print({k} * 100 + {i})")).await;
+                assert_eq!(r["stdout"], format!("{}\n", k * 100 + i), "{r}");
+            }
+        }
+    });
+    futures::future::join_all(callers).await;
+    c.cancel().await.unwrap();
+}

@@ -11,12 +11,15 @@ use crate::error::{Error, Result};
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// Drops spent sandboxes on a background thread: unmapping a guest's memory and removing its
-/// scratch directories takes milliseconds that the caller should not wait for.
+/// Drops spent sandboxes on a background thread: unmapping or resetting a guest's memory and
+/// removing its scratch directories takes a millisecond or more that the caller should not wait
+/// for. The queue is short: when teardown falls behind (sustained load), the caller drops inline,
+/// so spent instances can never pile up and exhaust the allocator's slots.
 pub fn drop_later<T: Send + 'static>(spent: T) {
-    static REAPER: std::sync::OnceLock<Mutex<mpsc::Sender<Job>>> = std::sync::OnceLock::new();
+    const QUEUE: usize = 8;
+    static REAPER: std::sync::OnceLock<Mutex<mpsc::SyncSender<Job>>> = std::sync::OnceLock::new();
     let tx = REAPER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
         std::thread::Builder::new()
             .name("wasmbox-reaper".into())
             .spawn(move || {
@@ -29,8 +32,10 @@ pub fn drop_later<T: Send + 'static>(spent: T) {
         Mutex::new(tx)
     });
     let job: Job = Box::new(move || drop(spent));
-    if let Err(mpsc::SendError(job)) = tx.lock().unwrap().send(job) {
-        job();
+    let refused = tx.lock().unwrap().try_send(job);
+    match refused {
+        Ok(()) => {}
+        Err(mpsc::TrySendError::Full(job)) | Err(mpsc::TrySendError::Disconnected(job)) => job(),
     }
 }
 
