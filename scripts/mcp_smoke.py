@@ -5,6 +5,7 @@ Usage: python scripts/mcp_smoke.py [path/to/wasmbox]   (needs `pip install mcp`)
 
 import asyncio
 import json
+import os
 import sys
 
 from mcp import ClientSession, StdioServerParameters
@@ -14,7 +15,9 @@ BIN = sys.argv[1] if len(sys.argv) > 1 else "target/release/wasmbox"
 
 
 async def main() -> int:
-    params = StdioServerParameters(command=BIN, args=["serve"])
+    # The SDK starts servers with a minimal environment; pass wasmbox's own settings through.
+    env = {k: v for k, v in os.environ.items() if k.startswith("WASMBOX_") or k in ("HOME", "PATH")}
+    params = StdioServerParameters(command=BIN, args=["serve"], env=env)
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             init = await session.initialize()
@@ -27,6 +30,9 @@ async def main() -> int:
                 ("execute_code", {"code": "console.log([1,2].map(x => x * 21))", "language": "javascript"},
                  lambda r: r["stdout"] == "[ 21, 42 ]\n"),
                 ("execute_code", {"code": "while True: pass", "timeout": 1}, lambda r: r["limit"] == "timeout"),
+                ("execute_code", {"code": 'package main\nimport "fmt"\nfunc main() { fmt.Println(6 * 7) }', "language": "go"},
+                 lambda r: r["stdout"] == "42\n"),
+                ("get_system_metrics", {}, lambda r: len(r["pools"]) >= 1),
                 ("health", {}, lambda r: r["status"] == "ok"),
                 ("list_templates", {}, lambda r: r["count"] >= 1),
             ]

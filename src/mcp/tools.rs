@@ -174,6 +174,10 @@ impl WasmboxServer {
                 "health",
                 "Server health: version, uptime and the state of each runtime.",
             ),
+            tool::<MetricsArgs>(
+                "get_system_metrics",
+                "Server metrics: executions, instance pools (ready, hits, misses), memory (RSS).",
+            ),
             tool::<ListTemplatesArgs>(
                 "list_templates",
                 "List the sandbox templates available locally, with their languages and limits.",
