@@ -107,9 +107,13 @@ impl<T: Send + 'static> Pool<T> {
         self.shared.wake.notify_one();
     }
 
-    /// Makes an instance now, on the caller's thread (the pool-empty path).
-    pub fn make(&self) -> Result<T> {
-        (self.shared.factory)()
+    /// A ready instance, made now on the caller's thread when the pool is empty (the
+    /// pool-empty path), so exhaustion costs latency, never an error.
+    pub fn take_or_make(&self) -> Result<T> {
+        match self.take() {
+            Some(t) => Ok(t),
+            None => (self.shared.factory)(),
+        }
     }
 
     pub fn stats(&self) -> PoolStats {

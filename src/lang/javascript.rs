@@ -94,10 +94,7 @@ impl JsRuntime {
         let Ready {
             mut guest,
             instance,
-        } = match self.pool.take() {
-            Some(r) => r,
-            None => self.pool.make()?,
-        };
+        } = self.pool.take_or_make()?;
         guest.arm(req);
         let flags = if looks_like_module(&req.code) {
             FLAG_MODULE

@@ -246,10 +246,7 @@ impl PythonRuntime {
         let Ready {
             mut guest,
             instance,
-        } = match self.pool.take() {
-            Some(r) => r,
-            None => self.pool.make()?,
-        };
+        } = self.pool.take_or_make()?;
         let t1 = t0.elapsed();
         guest.arm(req);
         let outcome = turn(
