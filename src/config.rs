@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use crate::engine::limits::Limits;
 use crate::lang::python::{DEFAULT_PREIMPORT, PythonOptions};
+use crate::sandbox::SandboxConfig;
+use crate::sandbox::fs::Quota;
 
 /// Everything a [`crate::Wasmbox`] needs to know; [`Config::from_env`] gives the defaults.
 #[derive(Clone, Debug)]
@@ -28,6 +30,19 @@ pub struct Config {
     /// Instance slots of wasmtime's pooling allocator (0: allocate on demand). Must cover every
     /// live instance: ready pools, running executions and sessions.
     pub pooled_instances: u32,
+    /// Persistent sandboxes: lifetimes, how many, quotas.
+    pub sandbox: SandboxConfig,
+    /// Async executions' webhooks.
+    pub webhook: WebhookConfig,
+}
+
+/// Where async results may be POSTed, and the key that signs them.
+#[derive(Clone, Debug)]
+pub struct WebhookConfig {
+    /// Any http(s) host (`WASMBOX_WEBHOOK_ALLOW_ANY=1`); by default loopback hosts only.
+    pub allow_any_host: bool,
+    /// HMAC-SHA256 key (`WASMBOX_WEBHOOK_SECRET`); `None`: a random one in the cache dir.
+    pub secret: Option<String>,
 }
 
 pub const MIB: usize = 1 << 20;
@@ -36,8 +51,10 @@ impl Config {
     /// Defaults, overridden by `WASMBOX_RUNTIMES`, `WASMBOX_CACHE`, `WASMBOX_MEMORY_MB`,
     /// `WASMBOX_OUTPUT_BYTES`, `WASMBOX_CONCURRENCY`, `WASMBOX_PYTHON_PREIMPORT` (comma-separated
     /// modules, or `none` for no pre-initialised image), `WASMBOX_POOL_SIZE`,
-    /// `WASMBOX_POOL_MEMORY_MB`, `WASMBOX_POOL_REFILL_THREADS` and `WASMBOX_POOLED_INSTANCES` (0 turns the
-    /// pooling allocator off).
+    /// `WASMBOX_POOL_MEMORY_MB`, `WASMBOX_POOL_REFILL_THREADS`, `WASMBOX_POOLED_INSTANCES` (0 turns the
+    /// pooling allocator off), `WASMBOX_SANDBOX_TIMEOUT` (seconds), `WASMBOX_MAX_SANDBOXES`,
+    /// `WASMBOX_SANDBOX_DISK_MB`, `WASMBOX_SANDBOX_FILES`, `WASMBOX_SANDBOX_JOBS`,
+    /// `WASMBOX_WEBHOOK_ALLOW_ANY` and `WASMBOX_WEBHOOK_SECRET`.
     pub fn from_env() -> Self {
         let env_num = |name: &str| {
             std::env::var(name)
@@ -67,6 +84,24 @@ impl Config {
             max_code_bytes: 4 * MIB,
             max_concurrency: env_num("WASMBOX_CONCURRENCY").unwrap_or(cores * 2).max(1),
             pooled_instances: env_num("WASMBOX_POOLED_INSTANCES").unwrap_or(256) as u32,
+            sandbox: SandboxConfig {
+                default_timeout: Duration::from_secs(
+                    env_num("WASMBOX_SANDBOX_TIMEOUT").unwrap_or(600) as u64,
+                ),
+                max_timeout: Duration::from_secs(24 * 3600),
+                max_live: env_num("WASMBOX_MAX_SANDBOXES").unwrap_or(32),
+                quota: Quota {
+                    max_bytes: env_num("WASMBOX_SANDBOX_DISK_MB").unwrap_or(512) as u64
+                        * MIB as u64,
+                    max_entries: env_num("WASMBOX_SANDBOX_FILES").unwrap_or(10_000) as u64,
+                },
+                max_running_jobs: env_num("WASMBOX_SANDBOX_JOBS").unwrap_or(4),
+                max_kept_jobs: 64,
+            },
+            webhook: WebhookConfig {
+                allow_any_host: std::env::var("WASMBOX_WEBHOOK_ALLOW_ANY").is_ok_and(|v| v == "1"),
+                secret: std::env::var("WASMBOX_WEBHOOK_SECRET").ok().filter(|s| !s.is_empty()),
+            },
             python: PythonOptions {
                 preimport: match std::env::var("WASMBOX_PYTHON_PREIMPORT") {
                     Ok(v) if v.trim() == "none" || v.trim().is_empty() => Vec::new(),

@@ -30,6 +30,15 @@ pub enum Error {
     #[error("wasm engine error: {0}")]
     Engine(String),
 
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+
+    #[error(transparent)]
+    File(#[from] crate::sandbox::fs::FsError),
+
+    #[error("{0}")]
+    Webhook(String),
+
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -8,6 +8,7 @@ pub mod engine;
 pub mod error;
 pub mod lang;
 pub mod mcp;
+pub mod sandbox;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,6 +26,8 @@ use lang::go::{GoCacheStats, GoRuntime};
 use lang::javascript::JsRuntime;
 use lang::python::{PythonPaths, PythonRuntime};
 pub use lang::{ExecRequest, ExecResult, Language};
+use sandbox::jobs::Job;
+use sandbox::{Sandbox, Sandboxes, Slot};
 
 /// What a caller asks for, before validation (the shape of the MCP tools' arguments).
 #[derive(Clone, Debug, Default)]
@@ -57,7 +60,13 @@ struct Inner {
     guests: engine::threads::GuestThreads,
     started: Instant,
     executions: AtomicU64,
+    sandboxes: Arc<Sandboxes>,
+    webhook_key: Vec<u8>,
+    http: reqwest::Client,
 }
+
+/// A blocking execution handed to a guest thread.
+type Run = Box<dyn FnOnce() -> Result<ExecResult> + Send>;
 
 /// Whether a runtime is ready, for `health` and `prepare`.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -72,8 +81,17 @@ impl Wasmbox {
     pub fn new(config: Config) -> Result<Self> {
         let engine = engine::build_engine(config.pooled_instances, config.max_memory_bytes)?;
         let cache = ModuleCache::new(config.cache_dir.clone());
+        let sandboxes = Sandboxes::new(config.sandbox.clone())
+            .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
+        let webhook_key = sandbox::webhook::secret(&config.webhook, &config.cache_dir);
         Ok(Self {
             inner: Arc::new(Inner {
+                sandboxes,
+                webhook_key,
+                http: reqwest::Client::builder()
+                    .user_agent(concat!("wasmbox/", env!("CARGO_PKG_VERSION")))
+                    .build()
+                    .map_err(|e| Error::Engine(format!("building the HTTP client: {e}")))?,
                 permits: Semaphore::new(config.max_concurrency),
                 guests: engine::threads::GuestThreads::new(config.max_concurrency),
                 config,
@@ -292,20 +310,21 @@ impl Wasmbox {
             memory_bytes,
             output_bytes: cfg.default_limits.output_bytes,
             echo: opts.echo,
+            place: None,
         })
     }
 
     /// Runs a one-shot: a fresh sandbox that has never run user code, dropped afterwards.
     pub async fn execute(&self, req: ExecRequest) -> Result<ExecResult> {
-        if matches!(req.language, Language::Bash) {
-            return Err(Error::LanguageNotAvailable(
-                "bash needs a shell, which the local WebAssembly sandbox does not have; it is meant to \
-                 run in the HOPX cloud (HOPX_API_KEY), and that fallback is not available yet in this \
-                 build. Use language \"python\", \"javascript\" or \"go\" to run locally"
-                    .into(),
-            ));
-        }
-        let job: Box<dyn FnOnce() -> Result<ExecResult> + Send> = match req.language {
+        let run = self.runner(req).await?;
+        self.on_guest_thread(run).await
+    }
+
+    /// The blocking run of `req` as a one-shot (in its `place` if it has one), with its
+    /// runtime loaded.
+    async fn runner(&self, req: ExecRequest) -> Result<Run> {
+        Ok(match req.language {
+            Language::Bash => return Err(bash_unavailable()),
             Language::Python => {
                 let (python, _) = self.load_python().await?;
                 Box::new(move || python.run_oneshot(&req))
@@ -314,11 +333,15 @@ impl Wasmbox {
                 let (go, _) = self.load_go().await?;
                 Box::new(move || go.run_oneshot(&req))
             }
-            _ => {
+            Language::JavaScript => {
                 let (js, _) = self.load_javascript().await?;
                 Box::new(move || js.run_oneshot(&req))
             }
-        };
+        })
+    }
+
+    /// Runs a blocking execution on a guest thread, within the concurrency limit.
+    async fn on_guest_thread(&self, run: Run) -> Result<ExecResult> {
         let _permit = self
             .inner
             .permits
@@ -327,9 +350,253 @@ impl Wasmbox {
             .map_err(|_| Error::Busy("shutting down".into()))?;
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
         let t = Instant::now();
-        let r = self.inner.guests.run(job).await;
+        let r = self.inner.guests.run(run).await;
         tracing::debug!("execute: on guest thread {:?}", t.elapsed());
         r
+    }
+
+    /// The compiled-module cache.
+    pub fn module_cache(&self) -> &ModuleCache {
+        &self.inner.cache
+    }
+
+    /// The registry of persistent sandboxes.
+    pub fn sandboxes(&self) -> &Arc<Sandboxes> {
+        &self.inner.sandboxes
+    }
+
+    /// Readies `req` to run in `sb`: the sandbox is running and offers the language, the
+    /// working directory exists, and the env is the sandbox's plus the call's.
+    fn place_in(
+        &self,
+        sb: &Sandbox,
+        req: &mut ExecRequest,
+        working_dir: Option<&str>,
+        stop: Arc<engine::limits::Stop>,
+    ) -> Result<()> {
+        sb.check_running()?;
+        if req.language == Language::Bash {
+            return Err(bash_unavailable());
+        }
+        sb.check_language(req.language)?;
+        let cwd = sb.fs.working_dir(working_dir.unwrap_or(lang::guest::WORKSPACE_GUEST))?;
+        req.env = sb.env_with(&req.env);
+        req.place = Some(sb.place(cwd, stop));
+        sb.executions.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Runs `req` in a persistent sandbox: Python and JavaScript in the sandbox's live session
+    /// for the language (started on first use, replaced after it ended), Go as a program in the
+    /// sandbox's workspace. `rich` collects plots and a final DataFrame (Python).
+    pub async fn execute_in(
+        &self,
+        sb: &Arc<Sandbox>,
+        mut req: ExecRequest,
+        working_dir: Option<&str>,
+        rich: bool,
+    ) -> Result<ExecResult> {
+        self.place_in(sb, &mut req, working_dir, sb.stop.clone())?;
+        let run: Run = match req.language {
+            Language::Python => {
+                let (py, _) = self.load_python().await?;
+                let slot = sb.python.clone().lock_owned().await;
+                Box::new(move || {
+                    let mut slot = slot;
+                    in_session(
+                        &mut slot,
+                        "Python",
+                        || py.session(&req),
+                        |s| {
+                            let mut r = s.turn(&req);
+                            if rich && s.alive() {
+                                let (outputs, notes) = s.rich(&req);
+                                r.rich = outputs;
+                                r.notes.extend(notes);
+                            }
+                            r
+                        },
+                        |s| s.alive(),
+                    )
+                })
+            }
+            Language::JavaScript => {
+                let (js, _) = self.load_javascript().await?;
+                let slot = sb.javascript.clone().lock_owned().await;
+                Box::new(move || {
+                    let mut slot = slot;
+                    in_session(
+                        &mut slot,
+                        "JavaScript",
+                        || js.session(&req),
+                        |s| s.run(&req),
+                        |s| s.alive(),
+                    )
+                })
+            }
+            _ => self.runner(req).await?,
+        };
+        let mut r = self.on_guest_thread(run).await?;
+        quota_note(sb, &mut r);
+        Ok(r)
+    }
+
+    /// Starts `req` as a background job of `sb`, in a fresh instance that shares the sandbox's
+    /// workspace and env (not its sessions), on a thread of its own. Returns at once.
+    pub async fn start_job(
+        &self,
+        sb: &Arc<Sandbox>,
+        mut req: ExecRequest,
+        working_dir: Option<&str>,
+        name: Option<String>,
+    ) -> Result<Arc<Job>> {
+        let job = Job::new(name, req.language, req.output_bytes);
+        self.place_in(sb, &mut req, working_dir, job.stop.clone())?;
+        if let Some(p) = req.place.as_mut() {
+            p.output = Some(job.output());
+        }
+        let run = self.runner(req).await?;
+        sb.add_job(job.clone())?;
+        let (j, sb2) = (job.clone(), sb.clone());
+        std::thread::Builder::new()
+            .name(format!("wasmbox-job-{}", job.id))
+            .stack_size(engine::GUEST_THREAD_STACK)
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
+                    .unwrap_or_else(|_| Err(Error::Engine("the job panicked".into())))
+                    .map(|mut r| {
+                        quota_note(&sb2, &mut r);
+                        r
+                    });
+                j.finish(r.map_err(|e| e.to_string()));
+            })
+            .map_err(|e| Error::Busy(format!("starting a job thread: {e}")))?;
+        Ok(job)
+    }
+
+    /// Runs `req` (in `sb` as a background job, or as a one-shot) and POSTs the result to
+    /// `callback_url` when done. Returns the execution id at once.
+    pub async fn execute_async(
+        &self,
+        sb: Option<&Arc<Sandbox>>,
+        req: ExecRequest,
+        working_dir: Option<&str>,
+        callback_url: &str,
+    ) -> Result<String> {
+        let url = sandbox::webhook::check_url(callback_url, &self.inner.config.webhook)?;
+        let me = self.clone();
+        let sandbox_id = sb.map(|s| s.id.clone());
+        let language = req.language;
+        let (id, pending): (String, futures_like::Pending) = match sb {
+            Some(sb) => {
+                let job = self.start_job(sb, req, working_dir, None).await?;
+                let j = job.clone();
+                (
+                    job.id.clone(),
+                    Box::pin(async move {
+                        j.wait().await;
+                        j.result().unwrap_or_else(|| Err("the job vanished".into()))
+                    }),
+                )
+            }
+            None => {
+                let run = self.runner(req).await?;
+                let me2 = self.clone();
+                (
+                    format!("exec_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]),
+                    Box::pin(async move { me2.on_guest_thread(run).await.map_err(|e| e.to_string()) }),
+                )
+            }
+        };
+        let exec_id = id.clone();
+        tokio::spawn(async move {
+            let result = pending.await;
+            let mut payload = match &result {
+                Ok(r) => serde_json::json!({
+                    "status": if r.success { "completed" } else { "failed" },
+                    "stdout": r.stdout,
+                    "stderr": r.stderr,
+                    "exit_code": r.exit_code,
+                    "execution_time": r.execution_time,
+                    "success": r.success,
+                    "limit": r.limit,
+                }),
+                Err(e) => serde_json::json!({
+                    "status": "failed", "stdout": "", "stderr": e, "exit_code": 1, "success": false,
+                }),
+            };
+            payload["execution_id"] = serde_json::json!(exec_id);
+            payload["sandbox_id"] = serde_json::json!(sandbox_id);
+            payload["language"] = serde_json::json!(language);
+            sandbox::webhook::deliver(&me.inner.http, url, &me.inner.webhook_key, payload).await;
+        });
+        Ok(id)
+    }
+}
+
+mod futures_like {
+    pub type Pending = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<crate::ExecResult, String>> + Send>,
+    >;
+}
+
+fn bash_unavailable() -> Error {
+    Error::LanguageNotAvailable(
+        "bash needs a shell, which the local WebAssembly sandbox does not have; it runs in the \
+         HOPX cloud when HOPX_API_KEY is set. Use language \"python\", \"javascript\" or \"go\" \
+         to run locally"
+            .into(),
+    )
+}
+
+/// Runs one call in a sandbox's session for a language: starts the session if there is none
+/// or the last one ended (and says so), and reports when this call ended it.
+fn in_session<S>(
+    slot: &mut Slot<S>,
+    name: &str,
+    start: impl FnOnce() -> Result<S>,
+    run: impl FnOnce(&mut S) -> ExecResult,
+    alive: impl Fn(&S) -> bool,
+) -> Result<ExecResult> {
+    let mut notes = Vec::new();
+    if slot.session.as_ref().is_none_or(|s| !alive(s)) {
+        if let Some(why) = slot.ended.take() {
+            notes.push(format!(
+                "the previous {name} session ended ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
+            ));
+        }
+        slot.session = Some(start()?);
+    }
+    let session = slot.session.as_mut().expect("just started");
+    let mut r = run(session);
+    if !alive(session) {
+        let why = match r.limit {
+            Some(l) => format!("it hit the {} limit", l.as_str()),
+            None if r.exit_code == lang::guest::EXIT_KILLED => "it was stopped".to_string(),
+            None => format!("it exited with status {}", r.exit_code),
+        };
+        notes.push(format!(
+            "the {name} session ended ({why}); the next call starts a fresh one"
+        ));
+        slot.ended = Some(why);
+        slot.session = None;
+    }
+    notes.append(&mut r.notes);
+    r.notes = notes;
+    Ok(r)
+}
+
+/// Marks a result whose run left the workspace over its quota.
+fn quota_note(sb: &Sandbox, r: &mut ExecResult) {
+    let (bytes, entries) = sb.fs.usage();
+    let q = sb.fs.quota();
+    if bytes > q.max_bytes || entries > q.max_entries {
+        r.success = false;
+        r.limit.get_or_insert(LimitHit::Disk);
+        r.notes.push(format!(
+            "the workspace is over its disk quota: {bytes} bytes in {entries} files and directories (limits {} bytes, {} entries); remove files with file_remove or from code",
+            q.max_bytes, q.max_entries
+        ));
     }
 }
 

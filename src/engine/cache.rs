@@ -25,6 +25,17 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug)]
 pub struct ModuleCache {
     dir: PathBuf,
+    /// Compiled files this process has mapped: `evict_unused` keeps them.
+    in_use: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
+}
+
+/// What the module cache holds, for `cache_stats`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CacheStats {
+    pub dir: PathBuf,
+    pub files: u64,
+    pub bytes: u64,
+    pub in_use: u64,
 }
 
 /// How a module was obtained, for `prepare` and the logs.
@@ -45,7 +56,10 @@ struct Stamp {
 
 impl ModuleCache {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self {
+            dir: dir.into(),
+            in_use: Default::default(),
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -174,6 +188,50 @@ impl ModuleCache {
         Ok((module, Origin::Compiled))
     }
 
+    /// The compiled runtimes in the cache directory (Go's own caches are counted separately).
+    pub fn stats(&self) -> CacheStats {
+        let in_use = self.in_use.lock().unwrap();
+        let (mut files, mut bytes) = (0, 0);
+        for (_, meta) in self.cwasm_files() {
+            files += 1;
+            bytes += meta.len();
+        }
+        CacheStats {
+            dir: self.dir.clone(),
+            files,
+            bytes,
+            in_use: in_use.len() as u64,
+        }
+    }
+
+    /// Removes compiled files this process does not use: images left by older runtimes or
+    /// settings (hundreds of MB each). Returns (files, bytes) removed.
+    pub fn evict_unused(&self) -> (u64, u64) {
+        let in_use = self.in_use.lock().unwrap();
+        let (mut files, mut bytes) = (0, 0);
+        for (path, meta) in self.cwasm_files() {
+            if in_use.contains(&path) {
+                continue;
+            }
+            if fs::remove_file(&path).is_ok() {
+                files += 1;
+                bytes += meta.len();
+                let _ = fs::remove_file(path.with_extension("lock"));
+            }
+        }
+        (files, bytes)
+    }
+
+    fn cwasm_files(&self) -> Vec<(PathBuf, fs::Metadata)> {
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+            .filter_map(|e| Some((e.path(), e.metadata().ok()?)))
+            .collect()
+    }
+
     /// The module `id` compiled for `engine`, if this cache already holds it (never compiles).
     pub fn cached(&self, engine: &Engine, id: &str, label: &str) -> Option<Module> {
         let cwasm = self.dir.join(format!("{}.cwasm", Self::key(engine, id)));
@@ -188,7 +246,10 @@ impl ModuleCache {
         // directory of the user's own; wasmtime still checks its header and engine settings, and
         // anything it refuses is recompiled.
         match unsafe { Module::deserialize_file(engine, cwasm) } {
-            Ok(m) => Some(m),
+            Ok(m) => {
+                self.in_use.lock().unwrap().insert(cwasm.to_path_buf());
+                Some(m)
+            }
             Err(e) => {
                 tracing::warn!(
                     "{label}: cached module {} is unusable ({e:#}); compiling it again",

@@ -29,6 +29,8 @@ pub enum LimitHit {
     Memory,
     /// The guest kept writing far past the output cap and was stopped.
     Output,
+    /// The sandbox's workspace went over its disk quota (bytes or file count).
+    Disk,
 }
 
 impl LimitHit {
@@ -37,9 +39,69 @@ impl LimitHit {
             LimitHit::Timeout => "timeout",
             LimitHit::Memory => "memory",
             LimitHit::Output => "output",
+            LimitHit::Disk => "disk",
         }
     }
 }
+
+/// Why a running guest was stopped from outside its own deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// A caller killed it (`execute_kill_process`).
+    Killed,
+    /// Its sandbox was deleted or expired.
+    SandboxGone,
+    /// The workspace went over its disk quota.
+    DiskQuota,
+}
+
+/// A flag a guest's epoch callback checks: how background jobs are killed and how a sandbox's
+/// deletion ends what still runs in it, without touching other guests (the engine's epoch is
+/// shared, so it cannot be bumped for one store).
+#[derive(Debug, Default)]
+pub struct Stop(std::sync::atomic::AtomicU8);
+
+impl Stop {
+    pub fn stop(&self, why: StopReason) {
+        let v = match why {
+            StopReason::Killed => 1,
+            StopReason::SandboxGone => 2,
+            StopReason::DiskQuota => 3,
+        };
+        // The first reason wins: a kill stays a kill even if the sandbox goes next.
+        let _ = self.0.compare_exchange(
+            0,
+            v,
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
+    pub fn reason(&self) -> Option<StopReason> {
+        match self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            1 => Some(StopReason::Killed),
+            2 => Some(StopReason::SandboxGone),
+            3 => Some(StopReason::DiskQuota),
+            _ => None,
+        }
+    }
+}
+
+/// The error an epoch callback raises to stop a guest; `finish` turns it into the result.
+#[derive(Debug)]
+pub struct Stopped(pub StopReason);
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            StopReason::Killed => write!(f, "the execution was killed"),
+            StopReason::SandboxGone => write!(f, "the sandbox was deleted or expired"),
+            StopReason::DiskQuota => write!(f, "the workspace went over its disk quota"),
+        }
+    }
+}
+
+impl std::error::Error for Stopped {}
 
 /// Denies linear-memory growth past the cap, remembering that it did.
 pub struct MemoryLimiter {
@@ -130,6 +192,16 @@ impl CappedOutput {
             bytes: std::mem::take(&mut c.buf),
             dropped: std::mem::take(&mut c.dropped),
             killed: std::mem::take(&mut c.killed),
+        }
+    }
+
+    /// A copy of what was captured so far, leaving it in place (output of a running job).
+    pub fn peek(&self) -> Captured {
+        let c = self.0.lock().unwrap();
+        Captured {
+            bytes: c.buf.clone(),
+            dropped: c.dropped,
+            killed: c.killed,
         }
     }
 

@@ -614,6 +614,8 @@ fn compile_result(
         limit: None,
         language: Language::Go,
         stage: Some(Stage::Compile),
+        rich: Vec::new(),
+        notes: Vec::new(),
     }
 }
 
@@ -634,6 +636,8 @@ fn timeout_result(stage: Stage, start: Instant) -> ExecResult {
         limit: Some(LimitHit::Timeout),
         language: Language::Go,
         stage: Some(stage),
+        rich: Vec::new(),
+        notes: Vec::new(),
     }
 }
 

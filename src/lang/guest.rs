@@ -3,15 +3,17 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use wasmtime::{Engine, Linker, Store, Trap};
+use wasmtime::{Engine, Linker, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 
-use super::{EXIT_TIMEOUT, ExecRequest, ExecResult, Language};
+use super::{EXIT_TIMEOUT, ExecRequest, ExecResult, Language, Place};
 use crate::engine::deadline_ticks;
-use crate::engine::limits::{CappedOutput, Captured, LimitHit, MemoryLimiter};
+use crate::engine::limits::{
+    CappedOutput, Captured, LimitHit, MemoryLimiter, StopReason, Stopped,
+};
 use crate::error::{Error, Result};
 
 pub const WORKSPACE_GUEST: &str = "/workspace";
@@ -46,22 +48,30 @@ pub struct GuestSpec<'a> {
     pub read_only: Vec<(&'a Path, &'a str)>,
 }
 
-/// One guest about to run: its store, captured output and scratch directories, which are
-/// removed when it is dropped.
+/// Exit code of a guest stopped from outside (killed, or its sandbox went away), as a shell
+/// reports a SIGKILLed process.
+pub const EXIT_KILLED: i32 = 137;
+
+/// How often (in epoch ticks) a sandboxed guest's callback looks at its stop flag.
+const WATCH_TICKS: u64 = 10;
+/// How often a running sandboxed guest's workspace is measured against its quota.
+const QUOTA_EVERY: Duration = Duration::from_millis(500);
+
+/// One guest about to run: its store, captured output and scratch directories (removed when it
+/// is dropped; a sandbox's own directories are not).
 pub struct Guest {
     pub store: Store<GuestState>,
     stdout: CappedOutput,
     stderr: CappedOutput,
     start: Instant,
-    _workspace: tempfile::TempDir,
-    _tmp: tempfile::TempDir,
+    _scratch: Option<(tempfile::TempDir, tempfile::TempDir)>,
 }
 
 impl Guest {
     /// A fresh store for `req`: empty `/workspace` and `/tmp`, no host environment, no sockets,
     /// capped output, the memory cap and the deadline armed (it covers instantiation too).
     pub fn new(engine: &Engine, req: &ExecRequest, spec: &GuestSpec<'_>) -> Result<Self> {
-        let mut guest = Self::unarmed(engine, spec, &req.env)?;
+        let mut guest = Self::unarmed_in(engine, spec, &req.env, req.place.as_ref())?;
         guest.arm(req);
         Ok(guest)
     }
@@ -73,15 +83,41 @@ impl Guest {
         spec: &GuestSpec<'_>,
         env: &BTreeMap<String, String>,
     ) -> Result<Self> {
+        Self::unarmed_in(engine, spec, env, None)
+    }
+
+    /// As [`Guest::unarmed`], in a sandbox's directories when `place` is given (`PWD` is then
+    /// its working directory).
+    pub fn unarmed_in(
+        engine: &Engine,
+        spec: &GuestSpec<'_>,
+        env: &BTreeMap<String, String>,
+        place: Option<&Place>,
+    ) -> Result<Self> {
         let start = Instant::now();
-        let workspace = scratch_dir("wasmbox-ws-")?;
-        let tmp = scratch_dir("wasmbox-tmp-")?;
-        let stdout = CappedOutput::new(UNARMED_OUTPUT_CAP);
-        let stderr = CappedOutput::new(UNARMED_OUTPUT_CAP);
+        let scratch = match place {
+            Some(_) => None,
+            None => Some((scratch_dir("wasmbox-ws-")?, scratch_dir("wasmbox-tmp-")?)),
+        };
+        let (ws_dir, tmp_dir) = match (&scratch, place) {
+            (Some((w, t)), _) => (w.path(), t.path()),
+            (None, Some(p)) => (p.workspace.as_path(), p.tmp.as_path()),
+            (None, None) => unreachable!("scratch dirs exist when there is no place"),
+        };
+        let (stdout, stderr) = match place.and_then(|p| p.output.clone()) {
+            Some(out) => out,
+            None => (
+                CappedOutput::new(UNARMED_OUTPUT_CAP),
+                CappedOutput::new(UNARMED_OUTPUT_CAP),
+            ),
+        };
         let mut wasi = WasiCtxBuilder::new();
         wasi.args(spec.argv);
         for (k, v) in spec.base_env {
             wasi.env(k, v);
+        }
+        if let Some(p) = place {
+            wasi.env("PWD", &p.cwd);
         }
         for (k, v) in env {
             wasi.env(k, v);
@@ -93,8 +129,8 @@ impl Guest {
             wasi.preopened_dir(host, guest, FsPerms::ReadOnly)
                 .map_err(engine_err)?;
         }
-        wasi.preopened_dir(workspace.path(), WORKSPACE_GUEST, FsPerms::ReadWrite)
-            .and_then(|w| w.preopened_dir(tmp.path(), TMP_GUEST, FsPerms::ReadWrite))
+        wasi.preopened_dir(ws_dir, WORKSPACE_GUEST, FsPerms::ReadWrite)
+            .and_then(|w| w.preopened_dir(tmp_dir, TMP_GUEST, FsPerms::ReadWrite))
             .map_err(engine_err)?;
         let mut store = Store::new(
             engine,
@@ -111,8 +147,7 @@ impl Guest {
             stdout,
             stderr,
             start,
-            _workspace: workspace,
-            _tmp: tmp,
+            _scratch: scratch,
         })
     }
 
@@ -124,8 +159,43 @@ impl Guest {
         self.stdout.set_cap(req.output_bytes);
         self.stderr.set_cap(req.output_bytes);
         self.store.data_mut().limiter.set_limit(req.memory_bytes);
-        self.store.set_epoch_deadline(deadline_ticks(req.timeout));
+        match &req.place {
+            None => self.store.set_epoch_deadline(deadline_ticks(req.timeout)),
+            Some(place) => self.watch(req.timeout, place),
+        }
         self.start = Instant::now();
+    }
+
+    /// A sandboxed guest's deadline goes through a callback that also ends it when its stop
+    /// flag is raised (kill, sandbox deleted) or its workspace goes over quota.
+    fn watch(&mut self, timeout: Duration, place: &Place) {
+        let deadline = Instant::now() + timeout;
+        let stop = place.stop.clone();
+        let over_quota = place.over_quota.clone();
+        let mut last_check = Instant::now();
+        self.store.epoch_deadline_callback(move |_| {
+            if let Some(why) = stop.reason() {
+                return Err(Stopped(why).into());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Trap::Interrupt.into());
+            }
+            if let Some(over) = &over_quota
+                && now.duration_since(last_check) >= QUOTA_EVERY
+            {
+                last_check = now;
+                if over() {
+                    // Not raised on the shared flag: freeing space lets the next run go on.
+                    return Err(Stopped(StopReason::DiskQuota).into());
+                }
+            }
+            Ok(UpdateDeadline::Continue(
+                deadline_ticks(deadline - now).min(WATCH_TICKS),
+            ))
+        });
+        self.store
+            .set_epoch_deadline(deadline_ticks(timeout).min(WATCH_TICKS));
     }
 
     /// The store and instance, for a snapshot; the scratch directories go away.
@@ -186,6 +256,28 @@ fn finish(
         Err(e) => {
             if let Some(exit) = e.downcast_ref::<I32Exit>() {
                 exit.0
+            } else if let Some(Stopped(why)) = e.downcast_ref::<Stopped>() {
+                match why {
+                    StopReason::DiskQuota => {
+                        limit = Some(LimitHit::Disk);
+                        notes.push(
+                            "wasmbox: execution stopped: the workspace went over its disk quota"
+                                .into(),
+                        );
+                        1
+                    }
+                    StopReason::Killed => {
+                        notes.push("wasmbox: execution stopped: killed".into());
+                        EXIT_KILLED
+                    }
+                    StopReason::SandboxGone => {
+                        notes.push(
+                            "wasmbox: execution stopped: the sandbox was deleted or expired"
+                                .into(),
+                        );
+                        EXIT_KILLED
+                    }
+                }
             } else if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
                 limit = Some(LimitHit::Timeout);
                 notes.push("wasmbox: execution stopped: the deadline (timeout) was reached".into());
@@ -238,6 +330,8 @@ fn finish(
         limit,
         language,
         stage: None,
+        rich: Vec::new(),
+        notes: Vec::new(),
     }
 }
 

@@ -94,7 +94,15 @@ impl JsRuntime {
         let Ready {
             mut guest,
             instance,
-        } = self.pool.take_or_make()?;
+        } = match &req.place {
+            None => self.pool.take_or_make()?,
+            Some(place) => {
+                let mut guest =
+                    Guest::unarmed_in(&self.engine, &spec(), &BTreeMap::new(), Some(place))?;
+                let instance = start(&self.pre, &mut guest.store).map_err(engine_err)?;
+                Ready { guest, instance }
+            }
+        };
         guest.arm(req);
         let flags = if looks_like_module(&req.code) {
             FLAG_MODULE
@@ -104,14 +112,20 @@ impl JsRuntime {
             0
         };
         // The context was created before the call's env was known: set process.env now.
-        let outcome = eval(&mut guest.store, &instance, &env_setup(&req.env), 0).and_then(|s| {
+        let mut setup = env_setup(&req.env);
+        if let Some(place) = &req.place {
+            setup.push_str(&chdir(&place.cwd));
+        }
+        let outcome = eval(&mut guest.store, &instance, &setup, 0).and_then(|s| {
             if s != 0 {
                 wasmtime::bail!("setting process.env failed with status {s}");
             }
             eval(&mut guest.store, &instance, &req.code, flags)
         });
         let result = guest.finish(outcome, Language::JavaScript);
-        self.pool.refill();
+        if req.place.is_none() {
+            self.pool.refill();
+        }
         Ok(result)
     }
 
@@ -160,6 +174,39 @@ impl JsSession {
         self.guest.result(outcome, Language::JavaScript)
     }
 
+    /// Runs `req.code` (echoing a final expression when `req.echo`) with `req`'s limits, env and
+    /// working directory, which are applied first: a sandbox's env may have changed since.
+    pub fn run(&mut self, req: &ExecRequest) -> ExecResult {
+        self.guest.arm(req);
+        if !self.alive {
+            return self.guest.result(
+                Err(wasmtime::format_err!(
+                    "this JavaScript session has ended; start a new one"
+                )),
+                Language::JavaScript,
+            );
+        }
+        let mut setup = env_setup(&req.env);
+        if let Some(place) = &req.place {
+            setup.push_str(&chdir(&place.cwd));
+        }
+        let flags = if looks_like_module(&req.code) {
+            FLAG_MODULE
+        } else if req.echo {
+            FLAG_ECHO
+        } else {
+            0
+        };
+        let outcome = eval(&mut self.guest.store, &self.instance, &setup, 0).and_then(|s| {
+            if s != 0 {
+                wasmtime::bail!("setting process.env and the working directory failed ({s})");
+            }
+            eval(&mut self.guest.store, &self.instance, &req.code, flags)
+        });
+        self.alive = outcome.is_ok();
+        self.guest.result(outcome, Language::JavaScript)
+    }
+
     pub fn alive(&self) -> bool {
         self.alive
     }
@@ -174,6 +221,13 @@ fn env_setup(env: &BTreeMap<String, String>) -> String {
     let json = serde_json::to_string(&full).expect("a map always serialises");
     format!(
         "((e) => {{ for (const k of Object.keys(process.env)) delete process.env[k]; Object.assign(process.env, e); }})({json});"
+    )
+}
+
+fn chdir(cwd: &str) -> String {
+    format!(
+        "process.chdir({});",
+        serde_json::to_string(cwd).expect("a string always serialises")
     )
 }
 

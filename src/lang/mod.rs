@@ -6,11 +6,13 @@ pub mod javascript;
 pub mod python;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::engine::limits::LimitHit;
+use crate::engine::limits::{CappedOutput, LimitHit, Stop};
 use crate::error::{Error, Result};
 
 /// A language a caller can ask for. Parsing accepts the usual aliases.
@@ -57,6 +59,33 @@ pub struct ExecRequest {
     /// Print the value of a final expression (notebook style); one-shots default to no echo,
     /// like `python -c`.
     pub echo: bool,
+    /// Run in a persistent sandbox's directories; `None` gives fresh empty ones (a one-shot).
+    pub place: Option<Place>,
+}
+
+/// Where a sandboxed execution runs: its sandbox's `/workspace` and `/tmp` (host directories
+/// that outlive the execution), its working directory, and the flag that stops it from outside.
+#[derive(Clone)]
+pub struct Place {
+    pub workspace: PathBuf,
+    pub tmp: PathBuf,
+    /// Guest path of the working directory (under `/workspace` or `/tmp`).
+    pub cwd: String,
+    pub stop: Arc<Stop>,
+    /// Whether the workspace is over its quota; checked while the guest runs.
+    pub over_quota: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// Where stdout and stderr go, when the caller wants to read them while the guest runs
+    /// (background jobs); fresh buffers otherwise.
+    pub output: Option<(CappedOutput, CappedOutput)>,
+}
+
+impl std::fmt::Debug for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Place")
+            .field("workspace", &self.workspace)
+            .field("cwd", &self.cwd)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The outcome of one execution, the same for every language (and, later, the cloud).
@@ -79,6 +108,23 @@ pub struct ExecResult {
     /// For languages that are built before they run (Go): which stage the result comes from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stage: Option<Stage>,
+    /// Rich outputs (rich mode): plots as PNG, DataFrames as HTML.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rich: Vec<RichOutput>,
+    /// What the host wants the caller to know about this run (a session replaced, a plot
+    /// dropped), kept apart from the guest's own stderr.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// One rich output of a run, in HOPX's `rich_outputs` terms.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct RichOutput {
+    /// `image/png` or `text/html`.
+    #[serde(rename = "type")]
+    pub mime: String,
+    /// Base64 for images, the text itself otherwise.
+    pub data: String,
 }
 
 /// The stage of a built language's execution that a result comes from.

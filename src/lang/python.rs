@@ -49,11 +49,22 @@ _wb = types.ModuleType('_wasmbox')
 exec('''
 import os, sys, linecache, __main__
 
-def run(src, echo=False, env=None):
+last = None
+
+def _quiet_show(*args, **kwargs):
+    pass
+
+def run(src, echo=False, env=None, cwd='/workspace'):
+    global last
+    last = None
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
-    os.chdir('/workspace')
+    os.chdir(cwd)
+    plt = sys.modules.get('matplotlib.pyplot')
+    if plt is not None and plt.show is not _quiet_show:
+        # Headless: figures stay open for rich mode to collect instead of a warning.
+        plt.show = _quiet_show
     name = '<code>'
     linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     g = __main__.__dict__
@@ -61,11 +72,12 @@ def run(src, echo=False, env=None):
         if echo:
             import ast
             tree = ast.parse(src, name)
-            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            tail = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
             exec(compile(tree, name, 'exec', dont_inherit=True), g)
-            if last is not None:
-                value = eval(compile(ast.Expression(last.value), name, 'eval', dont_inherit=True), g)
+            if tail is not None:
+                value = eval(compile(ast.Expression(tail.value), name, 'eval', dont_inherit=True), g)
                 if value is not None:
+                    last = value
                     sys.displayhook(value)
         else:
             exec(compile(src, name, 'exec', dont_inherit=True), g)
@@ -76,6 +88,39 @@ def run(src, echo=False, env=None):
         e.__traceback__ = tb.tb_next if tb is not None else None
         sys.excepthook(type(e), e, e.__traceback__)
         raise SystemExit(1) from None
+
+def rich(max_images, max_bytes, max_html):
+    import json
+    out, notes = [], []
+    plt = sys.modules.get('matplotlib.pyplot')
+    if plt is not None:
+        nums = plt.get_fignums()
+        for i, n in enumerate(nums):
+            if len(out) >= max_images:
+                notes.append(f'{len(nums) - i} more figure(s) dropped: at most {max_images} images per run')
+                break
+            import io, base64
+            buf = io.BytesIO()
+            try:
+                plt.figure(n).savefig(buf, format='png', dpi=100)
+            except Exception as e:
+                notes.append(f'figure {n} could not be rendered: {e!r}')
+                continue
+            data = buf.getvalue()
+            if len(data) > max_bytes:
+                notes.append(f'figure {n} dropped: its PNG is {len(data)} bytes, the limit is {max_bytes}')
+                continue
+            out.append({'type': 'image/png', 'data': base64.b64encode(data).decode('ascii')})
+        plt.close('all')
+    pd = sys.modules.get('pandas')
+    if pd is not None and isinstance(last, (pd.DataFrame, pd.Series)):
+        frame = last.to_frame() if isinstance(last, pd.Series) else last
+        html = frame.to_html(max_rows=60, max_cols=30)
+        if len(html) > max_html:
+            notes.append(f'the DataFrame HTML ({len(html)} bytes) was dropped: the limit is {max_html}')
+        else:
+            out.append({'type': 'text/html', 'data': html})
+    sys.stdout.write(json.dumps({'outputs': out, 'notes': notes}))
 ''', _wb.__dict__)
 sys.modules['_wasmbox'] = _wb
 del os, sys, types, _wb
@@ -243,28 +288,24 @@ impl PythonRuntime {
     /// drops it. Blocking: call it on a guest thread.
     pub fn run_oneshot(&self, req: &ExecRequest) -> Result<ExecResult> {
         let t0 = std::time::Instant::now();
+        // In a sandbox's directories the instance is made for it: pooled ones have their own.
         let Ready {
             mut guest,
             instance,
-        } = self.pool.take_or_make()?;
+        } = match &req.place {
+            None => self.pool.take_or_make()?,
+            Some(place) => self.shared.make_ready_in(Some(place))?,
+        };
         let t1 = t0.elapsed();
         guest.arm(req);
-        let outcome = turn(
-            &mut guest.store,
-            &instance,
-            &user_turn(&req.code, req.echo, &req.env),
-        )
-        // `exit()`/`quit()` return 256 | status.
-        .map(|status| {
-            if status & 256 != 0 {
-                status & 255
-            } else {
-                status
-            }
-        });
+        let outcome = turn(&mut guest.store, &instance, &user_turn(req))
+            // `exit()`/`quit()` return 256 | status.
+            .map(|status| status & 255);
         let t2 = t0.elapsed();
         let r = guest.finish(outcome, Language::Python);
-        self.pool.refill();
+        if req.place.is_none() {
+            self.pool.refill();
+        }
         tracing::debug!(
             "python one-shot: ready {:?}, turn {:?}, finish {:?}",
             t1,
@@ -275,9 +316,99 @@ impl PythonRuntime {
     }
 }
 
+impl PythonRuntime {
+    /// Starts a session in `req`'s place (a sandbox's directories): an instance of its own,
+    /// made from the image like a pooled one, whose globals persist across
+    /// [`PySession::turn`]s. Blocking: call it on a guest thread.
+    pub fn session(&self, req: &ExecRequest) -> Result<PySession> {
+        let Ready { guest, instance } = self.shared.make_ready_in(req.place.as_ref())?;
+        Ok(PySession {
+            guest,
+            instance,
+            alive: true,
+        })
+    }
+}
+
+/// A live Python interpreter of a sandbox. After a trap, a limit, `exit()` or `os._exit` it is
+/// no longer [`alive`](PySession::alive): its state is undefined and it must be replaced.
+pub struct PySession {
+    guest: Guest,
+    instance: Instance,
+    alive: bool,
+}
+
+/// Bounds of what rich mode returns.
+pub const RICH_MAX_IMAGES: usize = 8;
+pub const RICH_MAX_IMAGE_BYTES: usize = 4 << 20;
+const RICH_MAX_HTML_BYTES: usize = 1 << 20;
+
+impl PySession {
+    /// Runs one cell: `req.code` in the session's globals, with `req`'s limits, env and working
+    /// directory; with `req.echo` the value of a final expression is printed.
+    pub fn turn(&mut self, req: &ExecRequest) -> ExecResult {
+        self.guest.arm(req);
+        if !self.alive {
+            return self.guest.result(
+                Err(wasmtime::format_err!(
+                    "this Python session has ended; start a new one"
+                )),
+                Language::Python,
+            );
+        }
+        let outcome = turn(&mut self.guest.store, &self.instance, &user_turn(req));
+        // A trap leaves the interpreter undefined; `exit()` (256 | status) ends it by request.
+        self.alive = matches!(outcome, Ok(s) if s & 256 == 0);
+        self.guest
+            .result(outcome.map(|s| s & 255), Language::Python)
+    }
+
+    /// Collects the figures left open (rendered to PNG, then closed) and a final DataFrame
+    /// (as HTML) of the last turn. Returns them and notes on what was dropped.
+    pub fn rich(&mut self, req: &ExecRequest) -> (Vec<super::RichOutput>, Vec<String>) {
+        if !self.alive {
+            return (Vec::new(), Vec::new());
+        }
+        let mut collect = req.clone();
+        collect.output_bytes = RICH_MAX_IMAGES * RICH_MAX_IMAGE_BYTES * 4 / 3 + RICH_MAX_HTML_BYTES * 2;
+        self.guest.arm(&collect);
+        let code = format!(
+            "__import__('_wasmbox').rich({RICH_MAX_IMAGES}, {RICH_MAX_IMAGE_BYTES}, {RICH_MAX_HTML_BYTES})"
+        );
+        let outcome = turn(&mut self.guest.store, &self.instance, &code);
+        self.alive = matches!(outcome, Ok(0));
+        let r = self.guest.result(outcome, Language::Python);
+        #[derive(serde::Deserialize)]
+        struct Rich {
+            outputs: Vec<super::RichOutput>,
+            notes: Vec<String>,
+        }
+        match serde_json::from_str::<Rich>(&r.stdout) {
+            Ok(rich) if r.exit_code == 0 => (rich.outputs, rich.notes),
+            _ => (
+                Vec::new(),
+                vec![format!(
+                    "rich outputs could not be collected (exit {}): {}",
+                    r.exit_code,
+                    r.stderr.trim()
+                )],
+            ),
+        }
+    }
+
+    pub fn alive(&self) -> bool {
+        self.alive
+    }
+}
+
 impl Shared {
     fn make_ready(&self) -> Result<Ready> {
-        let mut guest = Guest::unarmed(&self.engine, &self.paths.spec(), &BTreeMap::new())?;
+        self.make_ready_in(None)
+    }
+
+    fn make_ready_in(&self, place: Option<&super::Place>) -> Result<Ready> {
+        let mut guest =
+            Guest::unarmed_in(&self.engine, &self.paths.spec(), &BTreeMap::new(), place)?;
         let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
         let warm = if self.image {
             run_turn(&mut guest.store, &instance, WARM_TURN)
@@ -324,7 +455,7 @@ fn warmup_code(preimport: &[String]) -> String {
 pub fn image_key(module_sha: &str, stdlib_sha: &str, preimport: &[String]) -> String {
     let mut d = Sha256::new();
     for part in [
-        "wasmbox-python-image-v1",
+        "wasmbox-python-image-v2",
         module_sha,
         stdlib_sha,
         PROLOGUE,
@@ -426,17 +557,25 @@ fn run_turn(
 
 /// The user turn: the caller's code as a string literal (a JSON string is a valid Python one
 /// with the same value), run by the prologue's `_wasmbox.run` with the call's environment.
-fn user_turn(code: &str, echo: bool, env: &BTreeMap<String, String>) -> String {
+fn user_turn(req: &ExecRequest) -> String {
+    let cwd = req.place.as_ref().map_or(WORKSPACE_GUEST, |p| p.cwd.as_str());
     let mut full: BTreeMap<&str, &str> = BASE_ENV.iter().copied().collect();
-    for (k, v) in env {
+    full.insert("PWD", cwd);
+    for (k, v) in &req.env {
         full.insert(k, v);
     }
-    let literal = serde_json::to_string(code).expect("a string always serialises");
-    let env = serde_json::to_string(&full).expect("a map always serialises");
     format!(
-        "__import__('_wasmbox').run({literal}, {}, {env})",
-        if echo { "True" } else { "False" }
+        "__import__('_wasmbox').run({}, {}, {}, {})",
+        literal(&req.code),
+        if req.echo { "True" } else { "False" },
+        literal(&full),
+        literal(cwd),
     )
+}
+
+/// JSON text of a string or a map of strings, which is also a Python literal of it.
+fn literal<T: serde::Serialize + ?Sized>(v: &T) -> String {
+    serde_json::to_string(v).expect("strings and maps always serialise")
 }
 
 /// One `turn`: the code is copied into memory from the guest's own allocator; a null pointer
@@ -474,7 +613,17 @@ mod tests {
     fn env_json_is_a_python_dict_literal() {
         let mut env = BTreeMap::new();
         env.insert("A".to_string(), "x\"y\n".to_string());
-        let t = user_turn("print(1)", false, &env);
+        let req = ExecRequest {
+            language: Language::Python,
+            code: "print(1)".into(),
+            env,
+            timeout: std::time::Duration::from_secs(1),
+            memory_bytes: 1 << 20,
+            output_bytes: 1 << 20,
+            echo: false,
+            place: None,
+        };
+        let t = user_turn(&req);
         assert!(t.contains(r#""A":"x\"y\n""#), "{t}");
         assert!(t.contains(r#""HOME":"/tmp""#), "{t}");
     }

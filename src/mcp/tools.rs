@@ -20,6 +20,10 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use base64::Engine as _;
+
+use crate::sandbox::fs::FsError;
+use crate::sandbox::{Sandbox, SandboxError, TEMPLATES};
 use crate::{Error, ExecOptions, ExecResult, Wasmbox};
 
 const INSTRUCTIONS: &str = "wasmbox runs code locally in WebAssembly sandboxes, offline, with \
@@ -43,6 +47,8 @@ pub struct WasmboxServer {
     wasmbox: Wasmbox,
     tools: Arc<Vec<Tool>>,
 }
+
+// ---- Arguments, as HOPX's tools take them (plus a few local extras, all optional) ----
 
 #[derive(Deserialize, JsonSchema)]
 struct ExecuteCodeIsolatedArgs {
@@ -80,36 +86,47 @@ enum Mode {
     Background,
 }
 
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Isolated => "isolated",
+            Mode::Persistent => "persistent",
+            Mode::Rich => "rich",
+            Mode::Background => "background",
+        }
+    }
+}
+
 #[derive(Deserialize, JsonSchema)]
 struct ExecuteCodeArgs {
     /// The code to run.
     code: String,
-    /// isolated (default): a one-shot in a fresh sandbox, discarded afterwards.
+    /// isolated (default): a one-shot in a fresh sandbox, discarded afterwards. persistent: in
+    /// the sandbox's live session (variables persist). rich: persistent, plus plots as PNG
+    /// images and a final DataFrame as HTML. background: returns a process_id at once.
     #[serde(default)]
     mode: Option<Mode>,
-    /// Required by the persistent, rich and background modes.
+    /// Required by the persistent, rich and background modes (from create_sandbox).
     #[serde(default)]
     sandbox_id: Option<String>,
     /// python (default), javascript (js, node), go (golang) or bash. python, javascript and go
     /// run locally.
     #[serde(default = "default_language")]
     language: String,
-    /// Deadline in seconds (default 30, max 300).
+    /// Deadline in seconds (default 30; max 300, 3600 in background mode).
     #[serde(default)]
     timeout: Option<f64>,
-    /// Environment variables for this run only.
+    /// Environment variables for this run only (on top of the sandbox's).
     #[serde(default)]
     env: Option<BTreeMap<String, String>>,
-    /// Print the value of a final expression, notebook style (default false, like `python -c`).
+    /// Print the value of a final expression (default: true in a sandbox, false for one-shots).
     #[serde(default)]
     echo: Option<bool>,
-    /// Working directory (persistent modes); one-shots run in /workspace.
+    /// Working directory in a sandbox (default /workspace; created if missing).
     #[serde(default)]
-    #[allow(dead_code)]
     working_dir: Option<String>,
     /// Background job name (background mode).
     #[serde(default)]
-    #[allow(dead_code)]
     name: Option<String>,
     /// Accepted for HOPX compatibility.
     #[serde(default)]
@@ -119,6 +136,111 @@ struct ExecuteCodeArgs {
     #[serde(default)]
     #[allow(dead_code)]
     region: Option<String>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct ExecuteInSandboxArgs {
+    sandbox_id: String,
+    /// The code to run.
+    code: String,
+    #[serde(default = "default_language")]
+    language: String,
+    /// Deadline in seconds (default 30, max 300; background: default 300, max 3600).
+    #[serde(default)]
+    timeout: Option<f64>,
+    #[serde(default)]
+    env: Option<BTreeMap<String, String>>,
+    /// Working directory (default /workspace).
+    #[serde(default)]
+    working_dir: Option<String>,
+    /// Print the value of a final expression (default true).
+    #[serde(default)]
+    echo: Option<bool>,
+    /// Background job name (execute_code_background).
+    #[serde(default)]
+    name: Option<String>,
+    /// Accepted for HOPX compatibility (execute_code_rich always captures).
+    #[serde(default)]
+    #[allow(dead_code)]
+    capture_rich: Option<bool>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct ExecuteAsyncArgs {
+    /// The code to run.
+    code: String,
+    /// Where to POST the result (http/https; loopback hosts unless the server allows others).
+    /// Signed: X-Wasmbox-Signature = sha256=HMAC(secret, X-Wasmbox-Timestamp + "." + body).
+    callback_url: String,
+    /// Run in this sandbox (as a background job); omit for a one-shot.
+    #[serde(default)]
+    sandbox_id: Option<String>,
+    #[serde(default = "default_language")]
+    language: String,
+    #[serde(default)]
+    timeout: Option<f64>,
+    #[serde(default)]
+    env: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    working_dir: Option<String>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct CreateSandboxArgs {
+    /// Template name: code-interpreter (default; python, javascript, go), python, javascript
+    /// or go.
+    #[serde(default = "default_template")]
+    template_id: String,
+    /// Accepted for HOPX compatibility; local sandboxes have no region.
+    #[serde(default)]
+    #[allow(dead_code)]
+    region: Option<String>,
+    /// Lifetime in seconds (default 600); the sandbox and its files are removed after it.
+    #[serde(default)]
+    timeout_seconds: Option<i64>,
+    /// Local sandboxes have no network; true needs the HOPX cloud.
+    #[serde(default)]
+    internet_access: Option<bool>,
+    /// Environment variables every execution in the sandbox sees.
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct ListSandboxesArgs {
+    #[serde(default = "default_sandbox_limit")]
+    limit: i64,
+    /// running or paused.
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    region: Option<String>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct IdArgs {
+    /// The sandbox id.
+    id: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct UpdateTimeoutArgs {
+    id: String,
+    /// New lifetime in seconds, counted from now.
+    timeout_seconds: i64,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct SandboxArgs {
+    sandbox_id: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct PortArgs {
+    sandbox_id: String,
+    #[allow(dead_code)]
+    port: i64,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -132,11 +254,77 @@ struct ListTemplatesArgs {
 }
 
 #[derive(Deserialize, JsonSchema)]
+struct GetTemplateArgs {
+    name: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct ProcessesArgs {
+    sandbox_id: String,
+    /// At most this many (<= 0: all).
+    #[serde(default = "default_max_processes")]
+    max_results: i64,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct KillArgs {
+    sandbox_id: String,
+    process_id: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct PathArgs {
+    sandbox_id: String,
+    /// Under /workspace: absolute (/workspace/...) or relative to it.
+    path: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct FileWriteArgs {
+    sandbox_id: String,
+    path: String,
+    /// UTF-8 text.
+    content: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct FileUploadArgs {
+    sandbox_id: String,
+    path: String,
+    /// The file's bytes, base64-encoded.
+    content_base64: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct FileListArgs {
+    sandbox_id: String,
+    #[serde(default = "default_workspace")]
+    path: String,
+    #[serde(default = "default_max_files")]
+    max_results: i64,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct EnvSetArgs {
+    sandbox_id: String,
+    env_vars: BTreeMap<String, String>,
+    /// true (default): add to the existing variables; false: replace them all.
+    #[serde(default = "default_true")]
+    merge: bool,
+}
+
+#[derive(Deserialize, JsonSchema)]
 struct NoArgs {}
 
 #[derive(Deserialize, JsonSchema)]
 struct MetricsArgs {
-    /// Accepted for HOPX compatibility; local metrics are server-wide.
+    /// A sandbox to report on as well (workspace usage, sessions, jobs).
+    #[serde(default)]
+    sandbox_id: Option<String>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct OptionalSandboxArgs {
     #[serde(default)]
     #[allow(dead_code)]
     sandbox_id: Option<String>,
@@ -145,8 +333,26 @@ struct MetricsArgs {
 fn default_language() -> String {
     "python".into()
 }
+fn default_template() -> String {
+    "code-interpreter".into()
+}
 fn default_template_limit() -> i64 {
     10
+}
+fn default_sandbox_limit() -> i64 {
+    100
+}
+fn default_max_processes() -> i64 {
+    100
+}
+fn default_max_files() -> i64 {
+    1000
+}
+fn default_workspace() -> String {
+    "/workspace".into()
+}
+fn default_true() -> bool {
+    true
 }
 fn default_fields() -> Option<String> {
     Some("id,name,description,category,language".into())
@@ -156,31 +362,118 @@ fn tool<T: JsonSchema + 'static>(name: &'static str, description: &'static str) 
     Tool::new(name, description, schema_for_type::<T>())
 }
 
+/// Parses a tool's arguments and runs the handler; a parse failure is the tool error.
+macro_rules! with_args {
+    ($name:expr, $args:expr, $ty:ty, |$a:ident| $body:expr) => {
+        match parse::<$ty>($name, $args) {
+            Ok($a) => $body,
+            Err(r) => r,
+        }
+    };
+}
+
 impl WasmboxServer {
     pub fn new(wasmbox: Wasmbox) -> Self {
         let tools = vec![
             tool::<ExecuteCodeArgs>(
                 "execute_code",
                 "Run code. mode 'isolated' (default): a one-shot in a fresh WebAssembly sandbox with an \
-                 empty /workspace, no network and no host environment, discarded afterwards. Returns \
-                 stdout, stderr, exit_code, execution_time, success, mode, sandbox_id (plus limit and \
-                 truncated when a limit applied).",
+                 empty /workspace, no network and no host environment, discarded afterwards. 'persistent' \
+                 (needs sandbox_id): in the sandbox's live session, so variables, imports and files persist; \
+                 a final expression is echoed like a notebook cell. 'rich': persistent, and matplotlib \
+                 figures come back as PNG images and a final DataFrame as HTML (rich_outputs). \
+                 'background': returns a process_id at once (see execute_list_processes). Returns stdout, \
+                 stderr, exit_code, execution_time, success, mode, sandbox_id (plus limit, truncated, notes).",
             ),
             tool::<ExecuteCodeIsolatedArgs>(
                 "execute_code_isolated",
                 "Run code as a one-shot in a fresh sandbox (same as execute_code with mode 'isolated').",
             ),
-            tool::<NoArgs>(
-                "health",
-                "Server health: version, uptime and the state of each runtime.",
+            tool::<ExecuteInSandboxArgs>(
+                "execute_code_persistent",
+                "Run code in a sandbox's live session (same as execute_code with mode 'persistent').",
             ),
-            tool::<MetricsArgs>(
-                "get_system_metrics",
-                "Server metrics: executions, instance pools (ready, hits, misses), memory (RSS).",
+            tool::<ExecuteInSandboxArgs>(
+                "execute_code_rich",
+                "Run code in a sandbox's session and return plots as PNG images and a final DataFrame as HTML (execute_code mode 'rich').",
             ),
+            tool::<ExecuteInSandboxArgs>(
+                "execute_code_background",
+                "Start code in a sandbox in the background; returns a process_id at once (execute_code mode 'background').",
+            ),
+            tool::<ExecuteAsyncArgs>(
+                "execute_code_async",
+                "Run code (in a sandbox, or as a one-shot) and POST the result as JSON to callback_url when done; returns an execution_id at once. The POST is signed: X-Wasmbox-Signature = sha256=HMAC-SHA256(secret, X-Wasmbox-Timestamp + '.' + body).",
+            ),
+            tool::<CreateSandboxArgs>(
+                "create_sandbox",
+                "Create a persistent local sandbox (template code-interpreter: python, javascript, go). Returns its id at once; it lives timeout_seconds (default 600) and is then removed with its files.",
+            ),
+            tool::<ListSandboxesArgs>("list_sandboxes", "List live sandboxes."),
+            tool::<IdArgs>("get_sandbox", "Details of a sandbox (status, lifetime, workspace usage)."),
+            tool::<IdArgs>(
+                "delete_sandbox",
+                "Delete a sandbox: its running code is stopped and its files removed.",
+            ),
+            tool::<UpdateTimeoutArgs>(
+                "update_sandbox_timeout",
+                "Set a sandbox's remaining lifetime (seconds from now).",
+            ),
+            tool::<IdArgs>("pause_sandbox", "Pause a sandbox: executions are refused until resume_sandbox."),
+            tool::<IdArgs>("resume_sandbox", "Resume a paused sandbox."),
             tool::<ListTemplatesArgs>(
                 "list_templates",
                 "List the sandbox templates available locally, with their languages and limits.",
+            ),
+            tool::<GetTemplateArgs>("get_template", "One template by name."),
+            tool::<ProcessesArgs>(
+                "execute_list_processes",
+                "List a sandbox's background executions with status, exit code and output so far.",
+            ),
+            tool::<KillArgs>("execute_kill_process", "Stop a background execution."),
+            tool::<ProcessesArgs>(
+                "list_processes",
+                "List what runs in a sandbox (its background executions; sandboxes have no OS processes).",
+            ),
+            tool::<PathArgs>("file_read", "Read a UTF-8 text file of a sandbox's /workspace."),
+            tool::<FileWriteArgs>(
+                "file_write",
+                "Write a UTF-8 text file in a sandbox's /workspace (parents are created). size is in characters.",
+            ),
+            tool::<FileListArgs>("file_list", "List a directory of a sandbox's /workspace."),
+            tool::<PathArgs>("file_exists", "Whether a path exists in a sandbox's /workspace."),
+            tool::<PathArgs>("file_remove", "Remove a file or a directory (recursively) from a sandbox's /workspace."),
+            tool::<PathArgs>("file_mkdir", "Create a directory (and its parents) in a sandbox's /workspace."),
+            tool::<FileUploadArgs>("file_upload", "Write binary content (base64) to a file in a sandbox's /workspace."),
+            tool::<PathArgs>("file_download", "Read a file of a sandbox's /workspace as base64."),
+            tool::<SandboxArgs>("env_get", "A sandbox's environment variables."),
+            tool::<EnvSetArgs>(
+                "env_set",
+                "Set a sandbox's environment variables (merge, or replace with merge=false); every later execution in every language sees them.",
+            ),
+            tool::<SandboxArgs>("env_clear", "Remove all of a sandbox's environment variables."),
+            tool::<NoArgs>("health", "Server health: version, uptime and the state of each runtime."),
+            tool::<MetricsArgs>(
+                "get_system_metrics",
+                "Server metrics: executions, instance pools, sandboxes, memory (RSS); with sandbox_id, that sandbox's too.",
+            ),
+            tool::<OptionalSandboxArgs>(
+                "cache_stats",
+                "The compiled-module cache, the Go build caches and the instance pools.",
+            ),
+            tool::<OptionalSandboxArgs>(
+                "cache_clear",
+                "Remove compiled modules this server does not use (left by older runtimes or settings).",
+            ),
+            tool::<SandboxArgs>("ping_vm", "Check that a sandbox is alive."),
+            tool::<SandboxArgs>("get_vm_info", "What a sandbox runs: template, languages, runtimes, limits."),
+            tool::<PortArgs>(
+                "get_preview_url",
+                "HOPX preview URLs do not exist locally: local sandboxes have no network.",
+            ),
+            tool::<SandboxArgs>(
+                "get_agent_url",
+                "HOPX agent URLs do not exist locally: the sandbox is served by this process.",
             ),
         ];
         Self {
@@ -191,33 +484,141 @@ impl WasmboxServer {
 
     /// Dispatches one tool call; every failure is a tool result with `isError: true`.
     pub async fn dispatch(&self, name: &str, args: JsonObject) -> CallToolResult {
+        let n = name;
         match name {
-            "execute_code" => match parse::<ExecuteCodeArgs>(name, args) {
-                Ok(a) => self.execute_code(a).await,
-                Err(r) => r,
-            },
-            "execute_code_isolated" => match parse::<ExecuteCodeIsolatedArgs>(name, args) {
-                Ok(a) => {
-                    self.one_shot(
-                        a.code,
-                        a.language,
-                        a.timeout,
-                        a.env.unwrap_or_default(),
-                        a.echo,
-                    )
+            "execute_code" => with_args!(n, args, ExecuteCodeArgs, |a| self.execute_code(a).await),
+            "execute_code_isolated" => with_args!(n, args, ExecuteCodeIsolatedArgs, |a| {
+                self.one_shot(a.code, a.language, a.timeout, a.env.unwrap_or_default(), a.echo)
                     .await
+            }),
+            "execute_code_persistent" => with_args!(n, args, ExecuteInSandboxArgs, |a| {
+                self.in_sandbox(Mode::Persistent, a).await
+            }),
+            "execute_code_rich" => with_args!(n, args, ExecuteInSandboxArgs, |a| {
+                self.in_sandbox(Mode::Rich, a).await
+            }),
+            "execute_code_background" => with_args!(n, args, ExecuteInSandboxArgs, |a| {
+                self.in_sandbox(Mode::Background, a).await
+            }),
+            "execute_code_async" => {
+                with_args!(n, args, ExecuteAsyncArgs, |a| self.execute_async(a).await)
+            }
+            "create_sandbox" => with_args!(n, args, CreateSandboxArgs, |a| self.create_sandbox(a)),
+            "list_sandboxes" => with_args!(n, args, ListSandboxesArgs, |a| self.list_sandboxes(a)),
+            "get_sandbox" => with_args!(n, args, IdArgs, |a| match self.sandbox(&a.id, "id") {
+                Ok(sb) => {
+                    let mut v = sb.info();
+                    let id = v.as_object_mut().and_then(|m| m.remove("sandbox_id"));
+                    v["id"] = json!(id);
+                    ok_result(v)
                 }
                 Err(r) => r,
-            },
+            }),
+            "delete_sandbox" => with_args!(n, args, IdArgs, |a| {
+                match self.wasmbox.sandboxes().delete(&a.id) {
+                    Ok(()) => ok_result(json!({"status": "deleted", "id": a.id})),
+                    Err(e) => not_found(&e, "id", &a.id),
+                }
+            }),
+            "update_sandbox_timeout" => with_args!(n, args, UpdateTimeoutArgs, |a| {
+                match self.wasmbox.sandboxes().set_timeout(&a.id, a.timeout_seconds) {
+                    Ok(sb) => ok_result(json!({
+                        "id": a.id,
+                        "timeout_seconds": a.timeout_seconds,
+                        "status": "updated",
+                        "expires_at": crate::sandbox::fs::rfc3339(sb.expires_at()),
+                    })),
+                    Err(e) => not_found(&e, "id", &a.id),
+                }
+            }),
+            "pause_sandbox" | "resume_sandbox" => with_args!(n, args, IdArgs, |a| {
+                match self.wasmbox.sandboxes().set_paused(&a.id, name == "pause_sandbox") {
+                    Ok(sb) => ok_result(sb.info()),
+                    Err(e) => not_found(&e, "id", &a.id),
+                }
+            }),
+            "list_templates" => with_args!(n, args, ListTemplatesArgs, |a| self.list_templates(a)),
+            "get_template" => with_args!(n, args, GetTemplateArgs, |a| {
+                match self.template_json().into_iter().find(|t| t["name"] == a.name) {
+                    Some(t) => ok_result(t),
+                    None => error_result(json!({
+                        "error": "Failed to get template",
+                        "template_name": a.name,
+                        "exception": format!("Template '{}' not found. Available templates: {}", a.name, template_names()),
+                    })),
+                }
+            }),
+            "execute_list_processes" | "list_processes" => {
+                with_args!(n, args, ProcessesArgs, |a| self.list_jobs(a))
+            }
+            "execute_kill_process" => with_args!(n, args, KillArgs, |a| self.kill_job(a)),
+            "file_read" | "file_exists" | "file_remove" | "file_mkdir" | "file_download" => {
+                with_args!(n, args, PathArgs, |a| self.file_op(name, a))
+            }
+            "file_write" => with_args!(n, args, FileWriteArgs, |a| self.file_write(a)),
+            "file_upload" => with_args!(n, args, FileUploadArgs, |a| self.file_upload(a)),
+            "file_list" => with_args!(n, args, FileListArgs, |a| self.file_list(a)),
+            "env_get" | "env_clear" => with_args!(n, args, SandboxArgs, |a| {
+                match self.sandbox(&a.sandbox_id, "sandbox_id") {
+                    Ok(sb) => {
+                        let mut env = sb.env.lock().unwrap();
+                        if name == "env_clear" {
+                            env.clear();
+                            ok_result(json!({"status": "cleared"}))
+                        } else {
+                            ok_result(json!({"env_vars": *env}))
+                        }
+                    }
+                    Err(r) => r,
+                }
+            }),
+            "env_set" => with_args!(n, args, EnvSetArgs, |a| self.env_set(a)),
             "health" => self.health(),
-            "get_system_metrics" => match parse::<MetricsArgs>(name, args) {
-                Ok(_) => self.metrics(),
-                Err(r) => r,
-            },
-            "list_templates" => match parse::<ListTemplatesArgs>(name, args) {
-                Ok(a) => self.list_templates(a),
-                Err(r) => r,
-            },
+            "get_system_metrics" => with_args!(n, args, MetricsArgs, |a| self.metrics(a)),
+            "cache_stats" => with_args!(n, args, OptionalSandboxArgs, |_a| self.cache_stats()),
+            "cache_clear" => with_args!(n, args, OptionalSandboxArgs, |_a| {
+                let (files, bytes) = self.wasmbox.module_cache().evict_unused();
+                ok_result(json!({"status": "success", "removed_files": files, "removed_bytes": bytes}))
+            }),
+            "ping_vm" => with_args!(n, args, SandboxArgs, |a| {
+                match self.sandbox(&a.sandbox_id, "sandbox_id") {
+                    Ok(sb) => ok_result(json!({
+                        "status": "ok",
+                        "agent_version": VERSION,
+                        "agent": "wasmbox",
+                        "features": sb.template.languages,
+                        "uptime": self.wasmbox.uptime().as_secs_f64(),
+                    })),
+                    Err(r) => r,
+                }
+            }),
+            "get_vm_info" => with_args!(n, args, SandboxArgs, |a| {
+                match self.sandbox(&a.sandbox_id, "sandbox_id") {
+                    Ok(sb) => {
+                        let cfg = self.wasmbox.config();
+                        ok_result(json!({
+                            "agent": "wasmbox",
+                            "agent_version": VERSION,
+                            "sandbox_id": sb.id,
+                            "template": sb.template.id,
+                            "languages": sb.template.languages,
+                            "runtimes": self.runtimes_json(),
+                            "network": false,
+                            "limits": {
+                                "default_timeout_seconds": cfg.default_limits.timeout.as_secs(),
+                                "max_timeout_seconds": cfg.max_timeout.as_secs(),
+                                "memory_mb": cfg.default_limits.memory_bytes / crate::config::MIB,
+                                "output_bytes": cfg.default_limits.output_bytes,
+                                "disk_bytes": sb.fs.quota().max_bytes,
+                                "files": sb.fs.quota().max_entries,
+                            },
+                        }))
+                    }
+                    Err(r) => r,
+                }
+            }),
+            "get_preview_url" => with_args!(n, args, PortArgs, |a| self.no_url(name, &a.sandbox_id)),
+            "get_agent_url" => with_args!(n, args, SandboxArgs, |a| self.no_url(name, &a.sandbox_id)),
             other => error_result(json!({
                 "error": "Unknown tool",
                 "message": format!(
@@ -228,42 +629,201 @@ impl WasmboxServer {
         }
     }
 
+    /// Preview and agent URLs: a sandbox here has neither (no network, no agent process).
+    fn no_url(&self, tool: &str, sandbox_id: &str) -> CallToolResult {
+        if let Err(r) = self.sandbox(sandbox_id, "sandbox_id") {
+            return r;
+        }
+        error_result(json!({
+            "error": if tool == "get_preview_url" { "Failed to get preview URL" } else { "Failed to get agent URL" },
+            "exception": "local sandboxes have no network and no agent URL: code runs inside this wasmbox process. Use the file and execute tools instead.",
+            "sandbox_id": sandbox_id,
+        }))
+    }
+
+    /// A live sandbox, or the HOPX not-found error (under `key`: `id` or `sandbox_id`).
+    fn sandbox(&self, id: &str, key: &str) -> Result<Arc<Sandbox>, CallToolResult> {
+        self.wasmbox
+            .sandboxes()
+            .get(id)
+            .map_err(|e| not_found(&e, key, id))
+    }
+
     async fn execute_code(&self, a: ExecuteCodeArgs) -> CallToolResult {
         let mode = a.mode.unwrap_or(Mode::Isolated);
-        if mode != Mode::Isolated {
-            let name = match mode {
-                Mode::Persistent => "persistent",
-                Mode::Rich => "rich",
-                _ => "background",
-            };
-            if a.sandbox_id.is_none() {
-                return error_result(json!({
-                    "error": "Missing sandbox_id",
-                    "message": format!("Mode '{name}' requires sandbox_id. Create sandbox first with create_sandbox() or use mode='isolated'."),
-                    "mode": name,
-                }));
+        let sandbox_id = a.sandbox_id.filter(|s| !s.is_empty());
+        match (mode, sandbox_id) {
+            (Mode::Isolated, None) => {
+                self.one_shot(a.code, a.language, a.timeout, a.env.unwrap_or_default(), a.echo)
+                    .await
             }
-            return error_result(json!({
-                "error": "Mode not available",
-                "message": format!("Mode '{name}' needs persistent sandboxes, which are not available in this build of wasmbox yet. Use mode='isolated'."),
-                "mode": name,
-            }));
+            (Mode::Isolated, Some(id)) => {
+                // HOPX runs it in the existing sandbox; here: its workspace and env, a fresh
+                // interpreter (the session is left alone).
+                let sb = match self.sandbox(&id, "sandbox_id") {
+                    Ok(sb) => sb,
+                    Err(r) => return r,
+                };
+                let req = match self.request(&a.language, a.code, a.timeout, a.env, a.echo.unwrap_or(false), 300.0) {
+                    Ok(r) => r,
+                    Err(e) => return exec_error("isolated", &e, Some(&a.language)),
+                };
+                match self.wasmbox.start_job(&sb, req, a.working_dir.as_deref(), None).await {
+                    Ok(job) => {
+                        job.wait().await;
+                        match job.result() {
+                            Some(Ok(r)) => {
+                                let mut out = exec_json(&r, "isolated", &sb.id);
+                                out["_note"] = json!(format!(
+                                    "Executed in existing sandbox {} (isolated mode with sandbox_id): its files and env, a fresh interpreter",
+                                    sb.id
+                                ));
+                                with_images(out, &r)
+                            }
+                            Some(Err(e)) => exec_error("isolated", &Error::Engine(e), None),
+                            None => exec_error("isolated", &Error::Engine("the run vanished".into()), None),
+                        }
+                    }
+                    Err(e) => exec_error("isolated", &e, Some(&a.language)),
+                }
+            }
+            (mode, None) => error_result(json!({
+                "error": "Missing sandbox_id",
+                "message": format!("Mode '{}' requires sandbox_id. Create sandbox first with create_sandbox() or use mode='isolated'.", mode.as_str()),
+                "mode": mode.as_str(),
+            })),
+            (mode, Some(id)) => {
+                self.in_sandbox(
+                    mode,
+                    ExecuteInSandboxArgs {
+                        sandbox_id: id,
+                        code: a.code,
+                        language: a.language,
+                        timeout: a.timeout,
+                        env: a.env,
+                        working_dir: a.working_dir,
+                        echo: a.echo,
+                        name: a.name,
+                        capture_rich: None,
+                    },
+                )
+                .await
+            }
         }
-        if a.sandbox_id.as_deref().is_some_and(|s| !s.is_empty()) {
-            return error_result(json!({
-                "error": "Sandbox not found",
-                "sandbox_id": a.sandbox_id,
-                "message": "This build of wasmbox has no persistent sandboxes; omit sandbox_id to run a one-shot.",
-            }));
+    }
+
+    /// Validates an execution's arguments; `max_timeout` in seconds.
+    fn request(
+        &self,
+        language: &str,
+        code: String,
+        timeout: Option<f64>,
+        env: Option<BTreeMap<String, String>>,
+        echo: bool,
+        max_timeout: f64,
+    ) -> Result<crate::ExecRequest, Error> {
+        // The library checks against its own maximum; background jobs may run longer.
+        let lib_max = self.wasmbox.config().max_timeout.as_secs_f64();
+        let long = timeout.filter(|t| *t > lib_max && *t <= max_timeout);
+        let mut req = self.wasmbox.request(ExecOptions {
+            language: language.to_string(),
+            code,
+            env: env.unwrap_or_default(),
+            timeout_secs: if long.is_some() { None } else { timeout },
+            memory_mb: None,
+            echo,
+        })?;
+        if let Some(t) = long {
+            req.timeout = std::time::Duration::from_secs_f64(t);
         }
-        self.one_shot(
+        Ok(req)
+    }
+
+    async fn in_sandbox(&self, mode: Mode, a: ExecuteInSandboxArgs) -> CallToolResult {
+        let m = mode.as_str();
+        let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
+            Ok(sb) => sb,
+            Err(r) => return r,
+        };
+        if mode == Mode::Background {
+            let timeout = Some(a.timeout.unwrap_or(300.0));
+            let req = match self.request(&a.language, a.code, timeout, a.env, false, 3600.0) {
+                Ok(r) => r,
+                Err(e) => return exec_error(m, &e, Some(&a.language)),
+            };
+            let language = req.language;
+            return match self
+                .wasmbox
+                .start_job(&sb, req, a.working_dir.as_deref(), a.name.clone())
+                .await
+            {
+                Ok(job) => ok_result(json!({
+                    "process_id": job.id,
+                    "execution_id": job.id,
+                    "status": "running",
+                    "name": a.name,
+                    "language": language,
+                    "mode": "background",
+                    "sandbox_id": sb.id,
+                    "location": "local",
+                    "message": format!("Background execution started: {}. Follow it with execute_list_processes, stop it with execute_kill_process.", job.id),
+                })),
+                Err(e) => exec_error(m, &e, Some(&a.language)),
+            };
+        }
+        let req = match self.request(
+            &a.language,
             a.code,
-            a.language,
             a.timeout,
-            a.env.unwrap_or_default(),
-            a.echo,
-        )
-        .await
+            a.env,
+            a.echo.unwrap_or(true),
+            300.0,
+        ) {
+            Ok(r) => r,
+            Err(e) => return exec_error(m, &e, Some(&a.language)),
+        };
+        match self
+            .wasmbox
+            .execute_in(&sb, req, a.working_dir.as_deref(), mode == Mode::Rich)
+            .await
+        {
+            Ok(r) => {
+                let mut v = exec_json(&r, m, &sb.id);
+                if mode == Mode::Rich {
+                    v["rich_outputs"] = rich_json(&r);
+                }
+                with_images(v, &r)
+            }
+            Err(e) => exec_error(m, &e, Some(&a.language)),
+        }
+    }
+
+    async fn execute_async(&self, a: ExecuteAsyncArgs) -> CallToolResult {
+        let sb = match a.sandbox_id.as_deref().filter(|s| !s.is_empty()) {
+            Some(id) => match self.sandbox(id, "sandbox_id") {
+                Ok(sb) => Some(sb),
+                Err(r) => return r,
+            },
+            None => None,
+        };
+        let req = match self.request(&a.language, a.code, a.timeout, a.env, false, 3600.0) {
+            Ok(r) => r,
+            Err(e) => return exec_error("async", &e, Some(&a.language)),
+        };
+        match self
+            .wasmbox
+            .execute_async(sb.as_ref(), req, a.working_dir.as_deref(), &a.callback_url)
+            .await
+        {
+            Ok(id) => ok_result(json!({
+                "execution_id": id,
+                "status": "queued",
+                "callback_url": a.callback_url,
+                "sandbox_id": sb.map(|s| s.id.clone()),
+                "message": "The result will be POSTed to callback_url when the execution ends (signed: X-Wasmbox-Signature).",
+            })),
+            Err(e) => exec_error("async", &e, Some(&a.language)),
+        }
     }
 
     async fn one_shot(
@@ -287,18 +847,259 @@ impl WasmboxServer {
             Err(e) => return exec_error("isolated", &e, Some(&provided)),
         };
         match self.wasmbox.execute(req).await {
-            Ok(r) => result_json(&r, "isolated"),
+            Ok(r) => {
+                let id = format!("local-{}", uuid::Uuid::new_v4().simple());
+                let mut v = exec_json(&r, "isolated", &id);
+                v["_note"] =
+                    json!("Ran in a fresh local WebAssembly sandbox that was discarded after the run.");
+                ok_result(v)
+            }
             Err(e) => exec_error("isolated", &e, Some(&provided)),
         }
     }
 
-    fn health(&self) -> CallToolResult {
-        let runtimes: serde_json::Map<String, Value> = self
+    fn create_sandbox(&self, a: CreateSandboxArgs) -> CallToolResult {
+        let details = |kind: &str| json!({"template_id": a.template_id, "error_type": kind});
+        if a.internet_access == Some(true) {
+            return error_result(json!({
+                "error": "Failed to create sandbox",
+                "exception": "internet_access needs the HOPX cloud: local sandboxes have no network. Set HOPX_API_KEY to create cloud sandboxes, or leave internet_access out for a local one (python, javascript and go run locally).",
+                "details": details("InternetAccessUnavailable"),
+            }));
+        }
+        let env = a.env_vars.clone().unwrap_or_default();
+        if let Err(e) = self.wasmbox.request(ExecOptions {
+            language: "python".into(),
+            env: env.clone(),
+            ..Default::default()
+        }) {
+            return error_result(json!({
+                "error": "Failed to create sandbox",
+                "exception": e.to_string(),
+                "details": details("InvalidArgument"),
+            }));
+        }
+        match self
             .wasmbox
+            .sandboxes()
+            .create(&a.template_id, a.timeout_seconds, env)
+        {
+            Ok(sb) => ok_result(json!({
+                "id": sb.id,
+                "status": sb.status(),
+                "template_id": sb.template.id,
+                "template_name": sb.template.id,
+                "region": "local",
+                "created_at": crate::sandbox::fs::rfc3339(sb.created_at),
+                "timeout_seconds": sb.info()["timeout_seconds"],
+                "expires_at": crate::sandbox::fs::rfc3339(sb.expires_at()),
+                "languages": sb.template.languages,
+                "location": "local",
+            })),
+            Err(e) => {
+                let kind = match e {
+                    SandboxError::TemplateNotFound(_) => "TemplateNotFoundError",
+                    SandboxError::TooMany(_) => "SandboxLimitError",
+                    SandboxError::BadTimeout(..) => "InvalidArgument",
+                    _ => "SandboxError",
+                };
+                error_result(json!({
+                    "error": "Failed to create sandbox",
+                    "exception": e.to_string(),
+                    "details": details(kind),
+                }))
+            }
+        }
+    }
+
+    fn list_sandboxes(&self, a: ListSandboxesArgs) -> CallToolResult {
+        let mut data: Vec<Value> = self
+            .wasmbox
+            .sandboxes()
+            .list()
+            .iter()
+            .filter(|s| a.status.as_deref().is_none_or(|st| st == s.status()))
+            .map(|s| s.info())
+            .collect();
+        if a.limit > 0 {
+            data.truncate(a.limit as usize);
+        }
+        ok_result(json!({"count": data.len(), "data": data}))
+    }
+
+    fn list_jobs(&self, a: ProcessesArgs) -> CallToolResult {
+        let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
+            Ok(sb) => sb,
+            Err(r) => return r,
+        };
+        let mut processes: Vec<Value> = sb.jobs().iter().map(|j| j.info()).collect();
+        let total = processes.len();
+        let truncated = a.max_results > 0 && total > a.max_results as usize;
+        if truncated {
+            processes.truncate(a.max_results as usize);
+        }
+        ok_result(json!({
+            "count": processes.len(),
+            "processes": processes,
+            "truncated": truncated,
+            "total_processes": if truncated { Value::Null } else { json!(total) },
+        }))
+    }
+
+    fn kill_job(&self, a: KillArgs) -> CallToolResult {
+        let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
+            Ok(sb) => sb,
+            Err(r) => return r,
+        };
+        match sb.job(&a.process_id) {
+            Ok(job) => {
+                let was_running = job.running();
+                job.kill();
+                ok_result(json!({
+                    "status": if was_running { "killed" } else { "already_ended" },
+                    "process_id": a.process_id,
+                }))
+            }
+            Err(e) => error_result(json!({
+                "error": "Failed to kill process",
+                "exception": e.to_string(),
+                "process_id": a.process_id,
+            })),
+        }
+    }
+
+    fn file_op(&self, tool: &str, a: PathArgs) -> CallToolResult {
+        let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
+            Ok(sb) => sb,
+            Err(r) => return r,
+        };
+        let fs = &sb.fs;
+        let r = match tool {
+            "file_read" => fs
+                .read_text(&a.path)
+                .map(|(p, text)| json!({"path": p.guest(), "content": text})),
+            "file_download" => fs.read(&a.path).map(|(p, bytes)| {
+                json!({
+                    "path": p.guest(),
+                    "content_base64": base64::engine::general_purpose::STANDARD.encode(&bytes),
+                    "size": bytes.len(),
+                })
+            }),
+            "file_exists" => fs
+                .exists(&a.path)
+                .map(|(p, e)| json!({"path": p.guest(), "exists": e})),
+            "file_remove" => fs
+                .remove(&a.path)
+                .map(|p| json!({"status": "removed", "path": p.guest()})),
+            _ => fs
+                .mkdir(&a.path)
+                .map(|p| json!({"status": "created", "path": p.guest()})),
+        };
+        match r {
+            Ok(v) => ok_result(v),
+            Err(e) => file_error(tool, &a.path, &e),
+        }
+    }
+
+    fn file_write(&self, a: FileWriteArgs) -> CallToolResult {
+        let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
+            Ok(sb) => sb,
+            Err(r) => return r,
+        };
+        match sb.fs.write(&a.path, a.content.as_bytes()) {
+            // HOPX counts characters.
+            Ok(p) => ok_result(json!({
+                "path": p.guest(),
+                "size": a.content.chars().count(),
+                "bytes": a.content.len(),
+            })),
+            Err(e) => file_error("file_write", &a.path, &e),
+        }
+    }
+
+    fn file_upload(&self, a: FileUploadArgs) -> CallToolResult {
+        let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
+            Ok(sb) => sb,
+            Err(r) => return r,
+        };
+        let bytes = match base64::engine::general_purpose::STANDARD.decode(a.content_base64.trim()) {
+            Ok(b) => b,
+            Err(e) => {
+                return error_result(json!({
+                    "error": "Invalid arguments",
+                    "message": format!("content_base64 is not valid base64: {e}"),
+                    "path": a.path,
+                }));
+            }
+        };
+        match sb.fs.write(&a.path, &bytes) {
+            Ok(p) => ok_result(json!({"path": p.guest(), "size": bytes.len()})),
+            Err(e) => file_error("file_upload", &a.path, &e),
+        }
+    }
+
+    fn file_list(&self, a: FileListArgs) -> CallToolResult {
+        let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
+            Ok(sb) => sb,
+            Err(r) => return r,
+        };
+        match sb.fs.list(&a.path) {
+            Ok((p, mut files)) => {
+                let total = files.len();
+                let truncated = a.max_results > 0 && total > a.max_results as usize;
+                if truncated {
+                    files.truncate(a.max_results as usize);
+                }
+                ok_result(json!({
+                    "path": p.guest(),
+                    "files": files,
+                    "count": files.len(),
+                    "truncated": truncated,
+                    "total_files": if truncated { Value::Null } else { json!(total) },
+                }))
+            }
+            Err(e) => file_error("file_list", &a.path, &e),
+        }
+    }
+
+    fn env_set(&self, a: EnvSetArgs) -> CallToolResult {
+        let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
+            Ok(sb) => sb,
+            Err(r) => return r,
+        };
+        if let Err(e) = self.wasmbox.request(ExecOptions {
+            language: "python".into(),
+            env: a.env_vars.clone(),
+            ..Default::default()
+        }) {
+            return error_result(json!({
+                "error": "Failed to set environment variables",
+                "exception": e.to_string(),
+            }));
+        }
+        let mut env = sb.env.lock().unwrap();
+        if !a.merge {
+            env.clear();
+        }
+        let keys: Vec<&String> = a.env_vars.keys().collect();
+        env.extend(a.env_vars.clone());
+        ok_result(json!({
+            "status": "success",
+            "message": format!("Successfully set {} environment variable(s)", keys.len()),
+            "variables_set": keys,
+            "merge_mode": a.merge,
+        }))
+    }
+
+    fn runtimes_json(&self) -> serde_json::Map<String, Value> {
+        self.wasmbox
             .runtime_status()
             .into_iter()
             .map(|s| (s.language.as_str().to_string(), Value::String(s.status)))
-            .collect();
+            .collect()
+    }
+
+    fn health(&self) -> CallToolResult {
         ok_result(json!({
             "status": "ok",
             "server": "wasmbox",
@@ -306,53 +1107,81 @@ impl WasmboxServer {
             "location": "local",
             "uptime_seconds": self.wasmbox.uptime().as_secs_f64(),
             "executions": self.wasmbox.executions(),
-            "runtimes": runtimes,
+            "sandboxes": self.wasmbox.sandboxes().len(),
+            "runtimes": self.runtimes_json(),
             "go_cache": self.wasmbox.go_cache_stats(),
         }))
     }
 
-    fn metrics(&self) -> CallToolResult {
-        ok_result(json!({
+    fn metrics(&self, a: MetricsArgs) -> CallToolResult {
+        let sandboxes = self.wasmbox.sandboxes();
+        let mut v = json!({
             "location": "local",
             "uptime_seconds": self.wasmbox.uptime().as_secs_f64(),
             "executions": self.wasmbox.executions(),
             "pools": self.wasmbox.pool_stats(),
             "memory": {"rss_bytes": rss_bytes()},
             "max_concurrency": self.wasmbox.config().max_concurrency,
+            "sandboxes": {"live": sandboxes.len(), "max": sandboxes.config.max_live},
+        });
+        if let Some(id) = a.sandbox_id.filter(|s| !s.is_empty()) {
+            match self.sandbox(&id, "sandbox_id") {
+                Ok(sb) => v["sandbox"] = sb.info(),
+                Err(r) => return r,
+            }
+        }
+        ok_result(v)
+    }
+
+    fn cache_stats(&self) -> CallToolResult {
+        ok_result(json!({
+            "modules": self.wasmbox.module_cache().stats(),
+            "go": self.wasmbox.go_cache_stats(),
+            "pools": self.wasmbox.pool_stats(),
         }))
     }
 
-    fn list_templates(&self, a: ListTemplatesArgs) -> CallToolResult {
-        let limits = &self.wasmbox.config().default_limits;
+    fn template_json(&self) -> Vec<Value> {
         let cfg = self.wasmbox.config();
-        let mut data: Vec<Value> = templates()
-            .into_iter()
-            .map(|(id, name, description, languages)| {
+        let limits = &cfg.default_limits;
+        TEMPLATES
+            .iter()
+            .map(|t| {
                 json!({
-                    "id": id,
-                    "name": name,
-                    "display_name": name,
-                    "description": description,
+                    "id": t.id,
+                    "name": t.id,
+                    "display_name": t.id,
+                    "description": t.description,
                     "category": "code-execution",
-                    "language": languages[0],
-                    "languages": languages,
+                    "language": t.languages[0],
+                    "languages": t.languages,
                     "location": "local",
                     "default_resources": {
                         "timeout_seconds": limits.timeout.as_secs(),
                         "memory_mb": limits.memory_bytes / crate::config::MIB,
                         "output_bytes": limits.output_bytes,
+                        "sandbox_lifetime_seconds": cfg.sandbox.default_timeout.as_secs(),
+                        "disk_mb": cfg.sandbox.quota.max_bytes / crate::config::MIB as u64,
+                        "files": cfg.sandbox.quota.max_entries,
                     },
+                    "min_resources": null,
                     "max_resources": {
                         "timeout_seconds": cfg.max_timeout.as_secs(),
                         "memory_mb": cfg.max_memory_bytes / crate::config::MIB,
+                        "sandbox_lifetime_seconds": cfg.sandbox.max_timeout.as_secs(),
                     },
+                    "features": ["persistent-sessions", "files", "env", "background", "async"],
                     "tags": ["wasm", "offline"],
                     "is_active": true,
                     "is_public": true,
                     "status": "active",
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    fn list_templates(&self, a: ListTemplatesArgs) -> CallToolResult {
+        let mut data = self.template_json();
         if a.limit > 0 {
             data.truncate(a.limit as usize);
         }
@@ -377,35 +1206,43 @@ impl WasmboxServer {
     }
 }
 
-/// The local templates: (id, name, description, languages).
-fn templates() -> Vec<(
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static [&'static str],
-)> {
-    const PY: &str = "Python 3.15 (WASI) with numpy, pandas, scipy, scikit-learn and matplotlib, run locally in WebAssembly";
-    vec![
-        (
-            "code-interpreter",
-            "code-interpreter",
-            "Python 3.15 (numpy, pandas, scipy, scikit-learn, matplotlib), JavaScript (QuickJS-NG) and Go (standard library, built for wasip1), run locally in WebAssembly",
-            &["python", "javascript", "go"],
+fn template_names() -> String {
+    TEMPLATES.iter().map(|t| t.id).collect::<Vec<_>>().join(", ")
+}
+
+/// HOPX's not-found shape for a sandbox; other sandbox errors keep their message.
+fn not_found(e: &SandboxError, key: &str, id: &str) -> CallToolResult {
+    let mut v = json!({"error": "Sandbox not found", "message": e.to_string()});
+    if !matches!(e, SandboxError::NotFound(_)) {
+        v["error"] = json!("Invalid request");
+    }
+    v[key] = json!(id);
+    error_result(v)
+}
+
+fn file_error(tool: &str, path: &str, e: &FsError) -> CallToolResult {
+    let error = match e {
+        FsError::NotFound(_) => "File not found".to_string(),
+        FsError::Escape(_) | FsError::SymlinkEscape(_) => "Path not allowed".to_string(),
+        FsError::Quota { .. } => "Disk quota exceeded".to_string(),
+        _ => format!(
+            "Failed to {}",
+            match tool {
+                "file_read" | "file_download" => "read file",
+                "file_write" | "file_upload" => "write file",
+                "file_list" => "list files",
+                "file_exists" => "check file existence",
+                "file_remove" => "remove file",
+                _ => "create directory",
+            }
         ),
-        ("python", "python", PY, &["python"]),
-        (
-            "javascript",
-            "javascript",
-            "JavaScript (QuickJS-NG 0.16, ES2023) with console, timers, process and a small fs module, run locally in WebAssembly",
-            &["javascript"],
-        ),
-        (
-            "go",
-            "go",
-            "Go (standard library) built for GOOS=wasip1 by a real Go toolchain and run locally in WebAssembly",
-            &["go"],
-        ),
-    ]
+    };
+    error_result(json!({
+        "error": error,
+        "path": path,
+        "message": e.to_string(),
+        "exception": e.to_string(),
+    }))
 }
 
 /// Resident set size of this process (Linux), or null elsewhere.
@@ -442,8 +1279,8 @@ fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
 }
 
-fn result_json(r: &ExecResult, mode: &str) -> CallToolResult {
-    let id = format!("local-{}", uuid::Uuid::new_v4().simple());
+/// An execution's result in HOPX's shape, with the local extras.
+fn exec_json(r: &ExecResult, mode: &str, sandbox_id: &str) -> Value {
     let mut v = json!({
         "stdout": r.stdout,
         "stderr": r.stderr,
@@ -451,17 +1288,54 @@ fn result_json(r: &ExecResult, mode: &str) -> CallToolResult {
         "execution_time": r.execution_time,
         "success": r.success,
         "mode": mode,
-        "sandbox_id": id,
+        "sandbox_id": sandbox_id,
         "language": r.language,
         "location": "local",
         "truncated": r.truncated,
         "limit": r.limit,
-        "_note": "Ran in a fresh local WebAssembly sandbox that was discarded after the run.",
     });
     if let Some(stage) = r.stage {
         v["stage"] = json!(stage.as_str());
     }
-    ok_result(v)
+    if !r.notes.is_empty() {
+        v["notes"] = json!(r.notes);
+    }
+    v
+}
+
+/// HOPX's `rich_outputs`. Image bytes travel once, as MCP image blocks (which clients show as
+/// images); the entry says which block holds each.
+fn rich_json(r: &ExecResult) -> Value {
+    let mut image = 0;
+    Value::Array(
+        r.rich
+            .iter()
+            .map(|o| {
+                if o.mime.starts_with("image/") {
+                    image += 1;
+                    json!({
+                        "type": o.mime,
+                        "format": "png",
+                        "data": {o.mime.as_str(): null},
+                        "metadata": {"content_index": image, "base64_bytes": o.data.len(), "note": "the image is in the result's image content block at content_index"},
+                    })
+                } else {
+                    json!({"type": o.mime, "format": null, "data": {o.mime.as_str(): o.data}, "metadata": null})
+                }
+            })
+            .collect(),
+    )
+}
+
+/// The JSON text block, then one image block per image the run produced.
+fn with_images(v: Value, r: &ExecResult) -> CallToolResult {
+    let mut result = ok_result(v);
+    for o in r.rich.iter().filter(|o| o.mime.starts_with("image/")) {
+        result
+            .content
+            .push(ContentBlock::image(o.data.clone(), o.mime.clone()));
+    }
+    result
 }
 
 /// An execution that could not run, in HOPX's error shape, flagged `isError`.
@@ -472,6 +1346,10 @@ fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> CallToolResult {
         Error::InvalidArgument(_) => ("Invalid arguments", "InvalidArgument"),
         Error::RuntimeMissing { .. } => ("Runtime missing", "RuntimeMissing"),
         Error::Busy(_) => ("Server busy", "Busy"),
+        Error::Sandbox(SandboxError::NotFound(_)) => ("Sandbox not found", "SandboxNotFoundError"),
+        Error::Sandbox(_) => ("Invalid request", "SandboxError"),
+        Error::File(_) => ("Path not allowed", "FileError"),
+        Error::Webhook(_) => ("Invalid callback_url", "InvalidArgument"),
         Error::Engine(_) | Error::Io { .. } => {
             ("Unexpected error during code execution", "EngineError")
         }

@@ -1,0 +1,123 @@
+//! Background executions: each runs on a thread of its own (they may last minutes and must not
+//! hold the guest threads one-shots need), can be listed with its output so far, and is killed
+//! through its stop flag, which its guest's epoch callback checks.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime};
+
+use serde_json::{Value, json};
+
+use super::fs::rfc3339;
+use crate::engine::limits::{CappedOutput, Stop, StopReason};
+use crate::lang::{ExecResult, Language};
+
+/// One background execution.
+pub struct Job {
+    pub id: String,
+    pub name: Option<String>,
+    pub language: Language,
+    pub started_at: SystemTime,
+    started: Instant,
+    pub stop: Arc<Stop>,
+    output: (CappedOutput, CappedOutput),
+    end: Mutex<Option<(Result<ExecResult, String>, SystemTime)>>,
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+impl Job {
+    pub fn new(name: Option<String>, language: Language, output_cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            id: format!("proc_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]),
+            name,
+            language,
+            started_at: SystemTime::now(),
+            started: Instant::now(),
+            stop: Arc::new(Stop::default()),
+            output: (CappedOutput::new(output_cap), CappedOutput::new(output_cap)),
+            end: Mutex::new(None),
+            done: tokio::sync::watch::channel(false).0,
+        })
+    }
+
+    /// The buffers the job's guest writes to, shared so its output can be read while it runs.
+    pub fn output(&self) -> (CappedOutput, CappedOutput) {
+        self.output.clone()
+    }
+
+    pub fn finish(&self, result: Result<ExecResult, String>) {
+        *self.end.lock().unwrap() = Some((result, SystemTime::now()));
+        self.done.send_replace(true);
+    }
+
+    pub fn running(&self) -> bool {
+        self.end.lock().unwrap().is_none()
+    }
+
+    pub fn kill(&self) {
+        self.stop.stop(StopReason::Killed);
+    }
+
+    /// Waits until the job has ended.
+    pub async fn wait(&self) {
+        let mut rx = self.done.subscribe();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    /// The result, once ended.
+    pub fn result(&self) -> Option<Result<ExecResult, String>> {
+        self.end.lock().unwrap().as_ref().map(|(r, _)| r.clone())
+    }
+
+    /// The job as `execute_list_processes` shows it.
+    pub fn info(&self) -> Value {
+        let end = self.end.lock().unwrap();
+        let mut v = json!({
+            "process_id": self.id,
+            "execution_id": self.id,
+            "name": self.name,
+            "language": self.language,
+            "started_at": rfc3339(self.started_at),
+        });
+        match &*end {
+            None => {
+                let (out, err) = (self.output.0.peek(), self.output.1.peek());
+                v["status"] = json!("running");
+                v["exit_code"] = Value::Null;
+                v["stdout"] = json!(String::from_utf8_lossy(&out.bytes));
+                v["stderr"] = json!(String::from_utf8_lossy(&err.bytes));
+                v["execution_time"] = json!(self.started.elapsed().as_secs_f64());
+                v["ended_at"] = Value::Null;
+            }
+            Some((r, ended)) => {
+                v["ended_at"] = json!(rfc3339(*ended));
+                match r {
+                    Ok(r) => {
+                        let status = match (self.stop.reason(), r.limit) {
+                            (Some(StopReason::Killed), _) => "killed",
+                            (Some(StopReason::SandboxGone), _) => "killed",
+                            (_, Some(crate::LimitHit::Timeout)) => "timeout",
+                            _ if r.success => "completed",
+                            _ => "failed",
+                        };
+                        v["status"] = json!(status);
+                        v["exit_code"] = json!(r.exit_code);
+                        v["stdout"] = json!(r.stdout);
+                        v["stderr"] = json!(r.stderr);
+                        v["execution_time"] = json!(r.execution_time);
+                        v["limit"] = json!(r.limit);
+                        v["success"] = json!(r.success);
+                    }
+                    Err(e) => {
+                        v["status"] = json!("failed");
+                        v["exit_code"] = json!(1);
+                        v["stdout"] = json!("");
+                        v["stderr"] = json!(e);
+                        v["success"] = json!(false);
+                    }
+                }
+            }
+        }
+        v
+    }
+}
