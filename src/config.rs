@@ -100,7 +100,9 @@ impl Config {
             },
             webhook: WebhookConfig {
                 allow_any_host: std::env::var("WASMBOX_WEBHOOK_ALLOW_ANY").is_ok_and(|v| v == "1"),
-                secret: std::env::var("WASMBOX_WEBHOOK_SECRET").ok().filter(|s| !s.is_empty()),
+                secret: std::env::var("WASMBOX_WEBHOOK_SECRET")
+                    .ok()
+                    .filter(|s| !s.is_empty()),
             },
             python: PythonOptions {
                 preimport: match std::env::var("WASMBOX_PYTHON_PREIMPORT") {

@@ -379,7 +379,9 @@ impl Wasmbox {
             return Err(bash_unavailable());
         }
         sb.check_language(req.language)?;
-        let cwd = sb.fs.working_dir(working_dir.unwrap_or(lang::guest::WORKSPACE_GUEST))?;
+        let cwd = sb
+            .fs
+            .working_dir(working_dir.unwrap_or(lang::guest::WORKSPACE_GUEST))?;
         req.env = sb.env_with(&req.env);
         req.place = Some(sb.place(cwd, stop));
         sb.executions.fetch_add(1, Ordering::Relaxed);
@@ -504,7 +506,9 @@ impl Wasmbox {
                 let me2 = self.clone();
                 (
                     format!("exec_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]),
-                    Box::pin(async move { me2.on_guest_thread(run).await.map_err(|e| e.to_string()) }),
+                    Box::pin(
+                        async move { me2.on_guest_thread(run).await.map_err(|e| e.to_string()) },
+                    ),
                 )
             }
         };

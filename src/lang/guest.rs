@@ -11,9 +11,7 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 
 use super::{EXIT_TIMEOUT, ExecRequest, ExecResult, Language, Place};
 use crate::engine::deadline_ticks;
-use crate::engine::limits::{
-    CappedOutput, Captured, LimitHit, MemoryLimiter, StopReason, Stopped,
-};
+use crate::engine::limits::{CappedOutput, Captured, LimitHit, MemoryLimiter, StopReason, Stopped};
 use crate::error::{Error, Result};
 
 pub const WORKSPACE_GUEST: &str = "/workspace";
@@ -272,8 +270,7 @@ fn finish(
                     }
                     StopReason::SandboxGone => {
                         notes.push(
-                            "wasmbox: execution stopped: the sandbox was deleted or expired"
-                                .into(),
+                            "wasmbox: execution stopped: the sandbox was deleted or expired".into(),
                         );
                         EXIT_KILLED
                     }

@@ -370,7 +370,8 @@ impl PySession {
             return (Vec::new(), Vec::new());
         }
         let mut collect = req.clone();
-        collect.output_bytes = RICH_MAX_IMAGES * RICH_MAX_IMAGE_BYTES * 4 / 3 + RICH_MAX_HTML_BYTES * 2;
+        collect.output_bytes =
+            RICH_MAX_IMAGES * RICH_MAX_IMAGE_BYTES * 4 / 3 + RICH_MAX_HTML_BYTES * 2;
         self.guest.arm(&collect);
         let code = format!(
             "__import__('_wasmbox').rich({RICH_MAX_IMAGES}, {RICH_MAX_IMAGE_BYTES}, {RICH_MAX_HTML_BYTES})"
@@ -558,7 +559,10 @@ fn run_turn(
 /// The user turn: the caller's code as a string literal (a JSON string is a valid Python one
 /// with the same value), run by the prologue's `_wasmbox.run` with the call's environment.
 fn user_turn(req: &ExecRequest) -> String {
-    let cwd = req.place.as_ref().map_or(WORKSPACE_GUEST, |p| p.cwd.as_str());
+    let cwd = req
+        .place
+        .as_ref()
+        .map_or(WORKSPACE_GUEST, |p| p.cwd.as_str());
     let mut full: BTreeMap<&str, &str> = BASE_ENV.iter().copied().collect();
     full.insert("PWD", cwd);
     for (k, v) in &req.env {

@@ -410,7 +410,10 @@ impl WasmboxServer {
                 "Create a persistent local sandbox (template code-interpreter: python, javascript, go). Returns its id at once; it lives timeout_seconds (default 600) and is then removed with its files.",
             ),
             tool::<ListSandboxesArgs>("list_sandboxes", "List live sandboxes."),
-            tool::<IdArgs>("get_sandbox", "Details of a sandbox (status, lifetime, workspace usage)."),
+            tool::<IdArgs>(
+                "get_sandbox",
+                "Details of a sandbox (status, lifetime, workspace usage).",
+            ),
             tool::<IdArgs>(
                 "delete_sandbox",
                 "Delete a sandbox: its running code is stopped and its files removed.",
@@ -419,7 +422,10 @@ impl WasmboxServer {
                 "update_sandbox_timeout",
                 "Set a sandbox's remaining lifetime (seconds from now).",
             ),
-            tool::<IdArgs>("pause_sandbox", "Pause a sandbox: executions are refused until resume_sandbox."),
+            tool::<IdArgs>(
+                "pause_sandbox",
+                "Pause a sandbox: executions are refused until resume_sandbox.",
+            ),
             tool::<IdArgs>("resume_sandbox", "Resume a paused sandbox."),
             tool::<ListTemplatesArgs>(
                 "list_templates",
@@ -435,24 +441,48 @@ impl WasmboxServer {
                 "list_processes",
                 "List what runs in a sandbox (its background executions; sandboxes have no OS processes).",
             ),
-            tool::<PathArgs>("file_read", "Read a UTF-8 text file of a sandbox's /workspace."),
+            tool::<PathArgs>(
+                "file_read",
+                "Read a UTF-8 text file of a sandbox's /workspace.",
+            ),
             tool::<FileWriteArgs>(
                 "file_write",
                 "Write a UTF-8 text file in a sandbox's /workspace (parents are created). size is in characters.",
             ),
             tool::<FileListArgs>("file_list", "List a directory of a sandbox's /workspace."),
-            tool::<PathArgs>("file_exists", "Whether a path exists in a sandbox's /workspace."),
-            tool::<PathArgs>("file_remove", "Remove a file or a directory (recursively) from a sandbox's /workspace."),
-            tool::<PathArgs>("file_mkdir", "Create a directory (and its parents) in a sandbox's /workspace."),
-            tool::<FileUploadArgs>("file_upload", "Write binary content (base64) to a file in a sandbox's /workspace."),
-            tool::<PathArgs>("file_download", "Read a file of a sandbox's /workspace as base64."),
+            tool::<PathArgs>(
+                "file_exists",
+                "Whether a path exists in a sandbox's /workspace.",
+            ),
+            tool::<PathArgs>(
+                "file_remove",
+                "Remove a file or a directory (recursively) from a sandbox's /workspace.",
+            ),
+            tool::<PathArgs>(
+                "file_mkdir",
+                "Create a directory (and its parents) in a sandbox's /workspace.",
+            ),
+            tool::<FileUploadArgs>(
+                "file_upload",
+                "Write binary content (base64) to a file in a sandbox's /workspace.",
+            ),
+            tool::<PathArgs>(
+                "file_download",
+                "Read a file of a sandbox's /workspace as base64.",
+            ),
             tool::<SandboxArgs>("env_get", "A sandbox's environment variables."),
             tool::<EnvSetArgs>(
                 "env_set",
                 "Set a sandbox's environment variables (merge, or replace with merge=false); every later execution in every language sees them.",
             ),
-            tool::<SandboxArgs>("env_clear", "Remove all of a sandbox's environment variables."),
-            tool::<NoArgs>("health", "Server health: version, uptime and the state of each runtime."),
+            tool::<SandboxArgs>(
+                "env_clear",
+                "Remove all of a sandbox's environment variables.",
+            ),
+            tool::<NoArgs>(
+                "health",
+                "Server health: version, uptime and the state of each runtime.",
+            ),
             tool::<MetricsArgs>(
                 "get_system_metrics",
                 "Server metrics: executions, instance pools, sandboxes, memory (RSS); with sandbox_id, that sandbox's too.",
@@ -466,7 +496,10 @@ impl WasmboxServer {
                 "Remove compiled modules this server does not use (left by older runtimes or settings).",
             ),
             tool::<SandboxArgs>("ping_vm", "Check that a sandbox is alive."),
-            tool::<SandboxArgs>("get_vm_info", "What a sandbox runs: template, languages, runtimes, limits."),
+            tool::<SandboxArgs>(
+                "get_vm_info",
+                "What a sandbox runs: template, languages, runtimes, limits.",
+            ),
             tool::<PortArgs>(
                 "get_preview_url",
                 "HOPX preview URLs do not exist locally: local sandboxes have no network.",
@@ -488,8 +521,14 @@ impl WasmboxServer {
         match name {
             "execute_code" => with_args!(n, args, ExecuteCodeArgs, |a| self.execute_code(a).await),
             "execute_code_isolated" => with_args!(n, args, ExecuteCodeIsolatedArgs, |a| {
-                self.one_shot(a.code, a.language, a.timeout, a.env.unwrap_or_default(), a.echo)
-                    .await
+                self.one_shot(
+                    a.code,
+                    a.language,
+                    a.timeout,
+                    a.env.unwrap_or_default(),
+                    a.echo,
+                )
+                .await
             }),
             "execute_code_persistent" => with_args!(n, args, ExecuteInSandboxArgs, |a| {
                 self.in_sandbox(Mode::Persistent, a).await
@@ -521,7 +560,11 @@ impl WasmboxServer {
                 }
             }),
             "update_sandbox_timeout" => with_args!(n, args, UpdateTimeoutArgs, |a| {
-                match self.wasmbox.sandboxes().set_timeout(&a.id, a.timeout_seconds) {
+                match self
+                    .wasmbox
+                    .sandboxes()
+                    .set_timeout(&a.id, a.timeout_seconds)
+                {
                     Ok(sb) => ok_result(json!({
                         "id": a.id,
                         "timeout_seconds": a.timeout_seconds,
@@ -532,14 +575,22 @@ impl WasmboxServer {
                 }
             }),
             "pause_sandbox" | "resume_sandbox" => with_args!(n, args, IdArgs, |a| {
-                match self.wasmbox.sandboxes().set_paused(&a.id, name == "pause_sandbox") {
+                match self
+                    .wasmbox
+                    .sandboxes()
+                    .set_paused(&a.id, name == "pause_sandbox")
+                {
                     Ok(sb) => ok_result(sb.info()),
                     Err(e) => not_found(&e, "id", &a.id),
                 }
             }),
             "list_templates" => with_args!(n, args, ListTemplatesArgs, |a| self.list_templates(a)),
             "get_template" => with_args!(n, args, GetTemplateArgs, |a| {
-                match self.template_json().into_iter().find(|t| t["name"] == a.name) {
+                match self
+                    .template_json()
+                    .into_iter()
+                    .find(|t| t["name"] == a.name)
+                {
                     Some(t) => ok_result(t),
                     None => error_result(json!({
                         "error": "Failed to get template",
@@ -578,7 +629,9 @@ impl WasmboxServer {
             "cache_stats" => with_args!(n, args, OptionalSandboxArgs, |_a| self.cache_stats()),
             "cache_clear" => with_args!(n, args, OptionalSandboxArgs, |_a| {
                 let (files, bytes) = self.wasmbox.module_cache().evict_unused();
-                ok_result(json!({"status": "success", "removed_files": files, "removed_bytes": bytes}))
+                ok_result(
+                    json!({"status": "success", "removed_files": files, "removed_bytes": bytes}),
+                )
             }),
             "ping_vm" => with_args!(n, args, SandboxArgs, |a| {
                 match self.sandbox(&a.sandbox_id, "sandbox_id") {
@@ -617,8 +670,12 @@ impl WasmboxServer {
                     Err(r) => r,
                 }
             }),
-            "get_preview_url" => with_args!(n, args, PortArgs, |a| self.no_url(name, &a.sandbox_id)),
-            "get_agent_url" => with_args!(n, args, SandboxArgs, |a| self.no_url(name, &a.sandbox_id)),
+            "get_preview_url" => {
+                with_args!(n, args, PortArgs, |a| self.no_url(name, &a.sandbox_id))
+            }
+            "get_agent_url" => {
+                with_args!(n, args, SandboxArgs, |a| self.no_url(name, &a.sandbox_id))
+            }
             other => error_result(json!({
                 "error": "Unknown tool",
                 "message": format!(
@@ -654,8 +711,14 @@ impl WasmboxServer {
         let sandbox_id = a.sandbox_id.filter(|s| !s.is_empty());
         match (mode, sandbox_id) {
             (Mode::Isolated, None) => {
-                self.one_shot(a.code, a.language, a.timeout, a.env.unwrap_or_default(), a.echo)
-                    .await
+                self.one_shot(
+                    a.code,
+                    a.language,
+                    a.timeout,
+                    a.env.unwrap_or_default(),
+                    a.echo,
+                )
+                .await
             }
             (Mode::Isolated, Some(id)) => {
                 // HOPX runs it in the existing sandbox; here: its workspace and env, a fresh
@@ -664,11 +727,22 @@ impl WasmboxServer {
                     Ok(sb) => sb,
                     Err(r) => return r,
                 };
-                let req = match self.request(&a.language, a.code, a.timeout, a.env, a.echo.unwrap_or(false), 300.0) {
+                let req = match self.request(
+                    &a.language,
+                    a.code,
+                    a.timeout,
+                    a.env,
+                    a.echo.unwrap_or(false),
+                    300.0,
+                ) {
                     Ok(r) => r,
                     Err(e) => return exec_error("isolated", &e, Some(&a.language)),
                 };
-                match self.wasmbox.start_job(&sb, req, a.working_dir.as_deref(), None).await {
+                match self
+                    .wasmbox
+                    .start_job(&sb, req, a.working_dir.as_deref(), None)
+                    .await
+                {
                     Ok(job) => {
                         job.wait().await;
                         match job.result() {
@@ -681,7 +755,11 @@ impl WasmboxServer {
                                 with_images(out, &r)
                             }
                             Some(Err(e)) => exec_error("isolated", &Error::Engine(e), None),
-                            None => exec_error("isolated", &Error::Engine("the run vanished".into()), None),
+                            None => exec_error(
+                                "isolated",
+                                &Error::Engine("the run vanished".into()),
+                                None,
+                            ),
                         }
                     }
                     Err(e) => exec_error("isolated", &e, Some(&a.language)),
@@ -850,8 +928,9 @@ impl WasmboxServer {
             Ok(r) => {
                 let id = format!("local-{}", uuid::Uuid::new_v4().simple());
                 let mut v = exec_json(&r, "isolated", &id);
-                v["_note"] =
-                    json!("Ran in a fresh local WebAssembly sandbox that was discarded after the run.");
+                v["_note"] = json!(
+                    "Ran in a fresh local WebAssembly sandbox that was discarded after the run."
+                );
                 ok_result(v)
             }
             Err(e) => exec_error("isolated", &e, Some(&provided)),
@@ -1022,7 +1101,8 @@ impl WasmboxServer {
             Ok(sb) => sb,
             Err(r) => return r,
         };
-        let bytes = match base64::engine::general_purpose::STANDARD.decode(a.content_base64.trim()) {
+        let bytes = match base64::engine::general_purpose::STANDARD.decode(a.content_base64.trim())
+        {
             Ok(b) => b,
             Err(e) => {
                 return error_result(json!({
@@ -1207,7 +1287,11 @@ impl WasmboxServer {
 }
 
 fn template_names() -> String {
-    TEMPLATES.iter().map(|t| t.id).collect::<Vec<_>>().join(", ")
+    TEMPLATES
+        .iter()
+        .map(|t| t.id)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// HOPX's not-found shape for a sandbox; other sandbox errors keep their message.

@@ -210,9 +210,7 @@ impl Workspace {
             });
         }
         if let Some(parent) = p.rel.parent().filter(|d| !d.as_os_str().is_empty()) {
-            self.dir
-                .create_dir_all(parent)
-                .map_err(|e| io_err(&p, e))?;
+            self.dir.create_dir_all(parent).map_err(|e| io_err(&p, e))?;
         }
         self.dir.write(&p.rel, bytes).map_err(|e| io_err(&p, e))?;
         Ok(p)
@@ -330,7 +328,9 @@ impl Workspace {
             if path.split('/').any(|c| c == "..") {
                 return Err(FsError::Escape(path.to_string()));
             }
-            let host = self.host_tmp().join(path.trim_start_matches("/tmp").trim_start_matches('/'));
+            let host = self
+                .host_tmp()
+                .join(path.trim_start_matches("/tmp").trim_start_matches('/'));
             std::fs::create_dir_all(&host).map_err(|source| FsError::Io {
                 path: path.to_string(),
                 source,
@@ -339,9 +339,7 @@ impl Workspace {
         }
         let p = self.resolve(path)?;
         if p.rel != Path::new(".") {
-            self.dir
-                .create_dir_all(&p.rel)
-                .map_err(|e| io_err(&p, e))?;
+            self.dir.create_dir_all(&p.rel).map_err(|e| io_err(&p, e))?;
         }
         Ok(p.guest)
     }
