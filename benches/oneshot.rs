@@ -201,5 +201,46 @@ fn throughput(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, pool_hit, pool_empty, session_turn, throughput, go);
+/// Sandboxes: creating one (the goal is under 1 ms: nothing starts until code runs) and a
+/// persistent Python turn through the library, as `execute_code` mode persistent runs it.
+fn sandbox(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox(0, &rt);
+    let mut g = c.benchmark_group("sandbox");
+    g.bench_function("create_and_delete", |b| {
+        b.iter(|| {
+            let sb = wb
+                .sandboxes()
+                .create("code-interpreter", None, Default::default())
+                .unwrap();
+            wb.sandboxes().delete(&sb.id).unwrap();
+        })
+    });
+    let sb = wb
+        .sandboxes()
+        .create("code-interpreter", None, Default::default())
+        .unwrap();
+    let req = wb.request(opts("python", "x = 1")).unwrap();
+    rt.block_on(wb.execute_in(&sb, req, None, false)).unwrap();
+    let req = wb.request(opts("python", "x += 1")).unwrap();
+    g.bench_function("python_persistent_turn", |b| {
+        b.iter(|| {
+            let r = rt
+                .block_on(wb.execute_in(&sb, req.clone(), None, false))
+                .unwrap();
+            assert_eq!(r.exit_code, 0);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    pool_hit,
+    pool_empty,
+    session_turn,
+    throughput,
+    go,
+    sandbox
+);
 criterion_main!(benches);

@@ -28,16 +28,21 @@ use crate::{Error, ExecOptions, ExecResult, Wasmbox};
 
 const INSTRUCTIONS: &str = "wasmbox runs code locally in WebAssembly sandboxes, offline, with \
 the HOPX MCP tool surface. execute_code (mode 'isolated', the default) runs a one-shot in a fresh \
-sandbox that is discarded afterwards; execute_code_isolated is the same. Languages: python (with \
-numpy, pandas, scipy, scikit-learn and matplotlib), javascript (QuickJS: ES2023, promises, \
-timers, console, process, require('fs'); no npm, no network) and go (a real Go toolchain builds \
-the snippet for wasip1: `package main` in one file, standard library only; a snippet without a \
-package clause is wrapped; compile errors come back with stage 'compile' and ./main.go:LINE:COL \
-positions). Each run sees only its own empty /workspace (the working \
-directory), no network and no host environment, and runs under limits (timeout seconds, default \
-30, max 300; memory; output). Results carry stdout, stderr, exit_code, execution_time and success, \
-plus 'limit' when a limit stopped the run, 'truncated' when output was cut and, for go, 'stage' \
-(compile or run).";
+sandbox that is discarded afterwards; it needs no sandbox_id. For state across calls, \
+create_sandbox (returns an id at once; lives timeout_seconds, default 600) and then execute_code \
+with mode 'persistent' (variables persist; a final expression is echoed like a notebook cell), \
+'rich' (also returns matplotlib figures as PNG images and a final DataFrame as HTML) or \
+'background' (returns a process_id; see execute_list_processes, execute_kill_process). All \
+languages of a sandbox share its /workspace: use file_read/file_write/file_list/file_upload/\
+file_download and env_set/env_get (every later execution sees the env). Prefer per-call env over \
+env_set for one-off values. Languages: python (numpy, pandas, scipy, scikit-learn, matplotlib), \
+javascript (QuickJS: ES2023, promises, timers, console, process, require('fs'); no npm) and go (a \
+real Go toolchain builds `package main` for wasip1, standard library only; a snippet without a \
+package clause is wrapped; compile errors come back with stage 'compile'). Sandboxes have no \
+network and no host environment, and run under limits (timeout seconds, default 30, max 300; \
+memory; output; disk quota). Results carry stdout, stderr, exit_code, execution_time and \
+success, plus 'limit' when a limit stopped the run, 'truncated' when output was cut and 'notes' \
+when wasmbox has something to say (e.g. a session was restarted).";
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
