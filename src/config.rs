@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::cloud::CloudConfig;
 use crate::engine::limits::Limits;
 use crate::lang::python::{DEFAULT_PREIMPORT, PythonOptions};
 
@@ -28,6 +29,8 @@ pub struct Config {
     /// Instance slots of wasmtime's pooling allocator (0: allocate on demand). Must cover every
     /// live instance: ready pools, running executions and sessions.
     pub pooled_instances: u32,
+    /// The HOPX cloud fallback (`HOPX_API_KEY`, `HOPX_BASE_URL`, `WASMBOX_OFFLINE`).
+    pub cloud: CloudConfig,
 }
 
 pub const MIB: usize = 1 << 20;
@@ -67,6 +70,7 @@ impl Config {
             max_code_bytes: 4 * MIB,
             max_concurrency: env_num("WASMBOX_CONCURRENCY").unwrap_or(cores * 2).max(1),
             pooled_instances: env_num("WASMBOX_POOLED_INSTANCES").unwrap_or(256) as u32,
+            cloud: CloudConfig::from_env(),
             python: PythonOptions {
                 preimport: match std::env::var("WASMBOX_PYTHON_PREIMPORT") {
                     Ok(v) if v.trim() == "none" || v.trim().is_empty() => Vec::new(),
