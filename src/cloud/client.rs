@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use super::error::CloudError;
 use super::route::CloudReason;
+use crate::lang::{ExecResult, Language};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.hopx.dev";
 
@@ -290,6 +291,24 @@ pub struct CloudExec {
     pub sandbox_id: String,
 }
 
+impl CloudExec {
+    /// The local result shape, so callers can treat cloud and local runs alike. The cloud
+    /// reports no limit or truncation; a timeout inside the sandbox is just its exit code.
+    pub fn into_exec_result(self, language: Language) -> ExecResult {
+        ExecResult {
+            stdout: self.stdout,
+            stderr: self.stderr,
+            exit_code: self.exit_code,
+            execution_time: self.execution_time,
+            success: self.success,
+            truncated: false,
+            limit: None,
+            language,
+            stage: None,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct RunReply {
     #[serde(default)]
@@ -501,13 +520,17 @@ impl Cloud {
     /// it); [`Cloud::with_sandbox`] is the form that always cleans up.
     pub async fn start(&self, req: &CreateSandbox) -> Result<Sandbox, CloudError> {
         let info = self.create_sandbox(req).await?;
-        let id = info.id.clone();
+        let mut guard = DeleteGuard {
+            cloud: self.clone(),
+            id: Some(info.id.clone()),
+        };
         match self.ready(info, req).await {
-            Ok(sb) => Ok(sb),
+            Ok(sb) => {
+                guard.id = None;
+                Ok(sb)
+            }
             Err(e) => {
-                if let Err(d) = self.delete_sandbox(&id).await {
-                    tracing::warn!(sandbox = %id, error = %d, "could not delete a sandbox that failed to start");
-                }
+                guard.delete().await;
                 Err(e)
             }
         }
@@ -618,20 +641,24 @@ impl Cloud {
             expires_at: info.token_expires_at.as_deref().and_then(parse_rfc3339),
             value: t,
         });
+        let mut first = true;
         let url = loop {
             let running = matches!(info.status.as_str(), "" | "running");
             match info.agent_url() {
                 Some(url) if running => break url,
                 _ => {}
             }
-            if Instant::now() + cfg.poll_interval > deadline {
-                return Err(CloudError::NotReady {
-                    sandbox_id: info.id,
-                    waited: cfg.ready_timeout,
-                    last: format!("status '{}'", info.status),
-                });
+            if !first {
+                if Instant::now() + cfg.poll_interval > deadline {
+                    return Err(CloudError::NotReady {
+                        sandbox_id: info.id,
+                        waited: cfg.ready_timeout,
+                        last: format!("status '{}'", info.status),
+                    });
+                }
+                tokio::time::sleep(cfg.poll_interval).await;
             }
-            tokio::time::sleep(cfg.poll_interval).await;
+            first = false;
             info = self.get_sandbox(&info.id).await?;
         };
         let sb = Sandbox::new(self.clone(), info.id, url, token);
