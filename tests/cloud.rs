@@ -737,6 +737,60 @@ async fn connect_attaches_to_an_existing_sandbox() {
         .unwrap();
     assert_eq!(out.exit_code, 0);
     again.delete().await.unwrap();
+    let err = cloud.connect(first.id()).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the HOPX sandbox {} is stopped, not running; create a new sandbox",
+            first.id()
+        )
+    );
+    fake.assert_clean();
+}
+
+#[tokio::test]
+async fn idempotent_calls_are_retried_after_a_timeout() {
+    let fake = FakeHopx::start().await;
+    let mut c = config(&fake, Some(API_KEY));
+    c.request_timeout = Duration::from_millis(300);
+    let cloud = Cloud::new(c).unwrap();
+    let sb = cloud
+        .start(&CreateSandbox::new("code-interpreter"))
+        .await
+        .unwrap();
+    sb.write_file("/workspace/x", "1").await.unwrap();
+    fake.fail(
+        Method::GET,
+        "/files/read",
+        1,
+        Fault::Delay(Duration::from_secs(5)),
+    );
+    assert_eq!(sb.read_file("/workspace/x").await.unwrap(), "1");
+    assert_eq!(fake.count("GET", "/files/read"), 2);
+    // Every attempt timing out gives a timeout error that says it was retried.
+    fake.fail(
+        Method::GET,
+        "/v1/sandboxes",
+        3,
+        Fault::Delay(Duration::from_secs(5)),
+    );
+    let err = cloud.list_sandboxes(5, None).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "HOPX sandbox list timed out after 1 s (after retries)"
+    );
+    assert_eq!(fake.count("GET", "/v1/sandboxes"), 3);
+    // A write is not retried.
+    fake.fail(
+        Method::POST,
+        "/files/write",
+        1,
+        Fault::Delay(Duration::from_secs(5)),
+    );
+    let err = sb.write_file("/workspace/y", "2").await.unwrap_err();
+    assert!(matches!(err, CloudError::Timeout { .. }), "{err:?}");
+    assert_eq!(fake.count("POST", "/files/write"), 2);
+    sb.delete().await.unwrap();
     fake.assert_clean();
 }
 

@@ -546,22 +546,10 @@ impl Cloud {
                 self.control_post("sandbox resume", id, &format!("/v1/sandboxes/{id}/resume"))
                     .await?;
             }
-            "stopped" => {
-                return Err(CloudError::Api {
-                    op: "connect",
-                    status: 200,
-                    message: format!(
-                        "cannot connect to stopped sandbox {id}; create a new sandbox"
-                    ),
-                });
-            }
             other => {
-                return Err(CloudError::Api {
-                    op: "connect",
-                    status: 200,
-                    message: format!(
-                        "cannot connect to sandbox {id} with status '{other}'; expected running or paused"
-                    ),
+                return Err(CloudError::SandboxUnavailable {
+                    sandbox_id: id.to_string(),
+                    status: other.to_string(),
                 });
             }
         }

@@ -94,6 +94,10 @@ pub enum CloudError {
         last: String,
     },
 
+    /// `connect` to a sandbox that cannot run anything any more (or not yet).
+    #[error("the HOPX sandbox {sandbox_id} is {status}, not running; create a new sandbox")]
+    SandboxUnavailable { sandbox_id: String, status: String },
+
     #[error("could not set up the HTTP client for HOPX: {0}")]
     Setup(String),
 }
