@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::cloud::CloudConfig;
 use crate::engine::limits::Limits;
 use crate::lang::python::{DEFAULT_PREIMPORT, PythonOptions};
 use crate::sandbox::SandboxConfig;
@@ -30,6 +31,8 @@ pub struct Config {
     /// Instance slots of wasmtime's pooling allocator (0: allocate on demand). Must cover every
     /// live instance: ready pools, running executions and sessions.
     pub pooled_instances: u32,
+    /// The HOPX cloud fallback (`HOPX_API_KEY`, `HOPX_BASE_URL`, `WASMBOX_OFFLINE`).
+    pub cloud: CloudConfig,
     /// Persistent sandboxes: lifetimes, how many, quotas.
     pub sandbox: SandboxConfig,
     /// Async executions' webhooks.
@@ -84,6 +87,7 @@ impl Config {
             max_code_bytes: 4 * MIB,
             max_concurrency: env_num("WASMBOX_CONCURRENCY").unwrap_or(cores * 2).max(1),
             pooled_instances: env_num("WASMBOX_POOLED_INSTANCES").unwrap_or(256) as u32,
+            cloud: CloudConfig::from_env(),
             sandbox: SandboxConfig {
                 default_timeout: Duration::from_secs(
                     env_num("WASMBOX_SANDBOX_TIMEOUT").unwrap_or(600) as u64,

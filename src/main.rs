@@ -23,6 +23,10 @@ struct Cli {
     /// Compiled-module cache directory (default: the user cache dir, e.g. ~/.cache/wasmbox).
     #[arg(long, global = true, env = "WASMBOX_CACHE")]
     cache_dir: Option<PathBuf>,
+    /// Never use the HOPX cloud fallback (also WASMBOX_OFFLINE=1): bash, shell commands,
+    /// internet access and cloud-only templates then fail with an error.
+    #[arg(long, global = true)]
+    offline: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -90,6 +94,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(r) = cli.runtimes {
         config.runtimes_dir = r;
     }
+    config.cloud.offline |= cli.offline;
     if let Some(c) = cli.cache_dir {
         config.cache_dir = c;
     }
