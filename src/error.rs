@@ -39,6 +39,9 @@ pub enum Error {
     #[error("{0}")]
     Webhook(String),
 
+    #[error(transparent)]
+    Cloud(#[from] crate::cloud::CloudError),
+
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -64,6 +64,8 @@ struct Inner {
     sandboxes: Arc<Sandboxes>,
     webhook_key: Vec<u8>,
     http: reqwest::Client,
+    /// The HOPX client; whether it may be used is `cloud::route`'s call.
+    cloud: Option<cloud::Cloud>,
 }
 
 /// A blocking execution handed to a guest thread.
@@ -87,6 +89,9 @@ impl Wasmbox {
         let webhook_key = sandbox::webhook::secret(&config.webhook, &config.cache_dir);
         Ok(Self {
             inner: Arc::new(Inner {
+                cloud: cloud::Cloud::new(config.cloud.clone())
+                    .inspect_err(|e| tracing::warn!("the HOPX client is unavailable: {e}"))
+                    .ok(),
                 sandboxes,
                 webhook_key,
                 http: reqwest::Client::builder()
@@ -316,9 +321,55 @@ impl Wasmbox {
     }
 
     /// Runs a one-shot: a fresh sandbox that has never run user code, dropped afterwards.
+    /// Bash goes to the HOPX cloud (a fresh cloud sandbox, deleted afterwards) when it is
+    /// configured, and fails with an error naming `HOPX_API_KEY` otherwise.
     pub async fn execute(&self, req: ExecRequest) -> Result<ExecResult> {
+        if req.language == Language::Bash {
+            return self.execute_in_cloud(&req).await;
+        }
         let run = self.runner(req).await?;
         self.on_guest_thread(run).await
+    }
+
+    async fn execute_in_cloud(&self, req: &ExecRequest) -> Result<ExecResult> {
+        cloud::route(
+            &cloud::RouteRequest {
+                language: Some(req.language.as_str()),
+                ..Default::default()
+            },
+            &self.inner.config.cloud,
+        )?;
+        let client = self.cloud()?;
+        self.inner.executions.fetch_add(1, Ordering::Relaxed);
+        let r = client
+            .oneshot(req.language.as_str(), &req.code, req.timeout, &req.env)
+            .await?;
+        let id = r.sandbox_id.clone();
+        let mut r = r.into_exec_result(req.language);
+        r.cloud_sandbox_id = Some(id);
+        Ok(r)
+    }
+
+    /// The HOPX client, once routing has said the cloud may be used.
+    pub fn cloud(&self) -> Result<&cloud::Cloud> {
+        self.inner.cloud.as_ref().ok_or_else(|| {
+            Error::Engine("the HOPX client could not be built (see the server log)".into())
+        })
+    }
+
+    /// Runs `req` in a fresh instance (not the session) on `sb`'s files and env: a command
+    /// (`python file.py`) or an isolated run with a sandbox id, like a new process would.
+    pub async fn execute_fresh_in(
+        &self,
+        sb: &Arc<Sandbox>,
+        mut req: ExecRequest,
+        working_dir: Option<&str>,
+    ) -> Result<ExecResult> {
+        self.place_in(sb, &mut req, working_dir, sb.stop.clone())?;
+        let run = self.runner(req).await?;
+        let mut r = self.on_guest_thread(run).await?;
+        quota_note(sb, &mut r);
+        Ok(r)
     }
 
     /// The blocking run of `req` as a one-shot (in its `place` if it has one), with its
@@ -547,9 +598,10 @@ mod futures_like {
 
 fn bash_unavailable() -> Error {
     Error::LanguageNotAvailable(
-        "bash needs a shell, which the local WebAssembly sandbox does not have; it runs in the \
-         HOPX cloud when HOPX_API_KEY is set. Use language \"python\", \"javascript\" or \"go\" \
-         to run locally"
+        "bash needs a shell, which a local WebAssembly sandbox does not have. One-shots (no \
+         sandbox_id) run bash in the HOPX cloud when HOPX_API_KEY is set; for a sandbox with a \
+         shell, create a cloud sandbox (internet_access=true, or a cloud template) with \
+         HOPX_API_KEY set. python, javascript and go run locally"
             .into(),
     )
 }

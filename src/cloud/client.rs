@@ -307,6 +307,7 @@ impl CloudExec {
             stage: None,
             rich: Vec::new(),
             notes: Vec::new(),
+            cloud_sandbox_id: None,
         }
     }
 }

@@ -616,6 +616,7 @@ fn compile_result(
         stage: Some(Stage::Compile),
         rich: Vec::new(),
         notes: Vec::new(),
+        cloud_sandbox_id: None,
     }
 }
 
@@ -638,6 +639,7 @@ fn timeout_result(stage: Stage, start: Instant) -> ExecResult {
         stage: Some(stage),
         rich: Vec::new(),
         notes: Vec::new(),
+        cloud_sandbox_id: None,
     }
 }
 

@@ -329,6 +329,7 @@ fn finish(
         stage: None,
         rich: Vec::new(),
         notes: Vec::new(),
+        cloud_sandbox_id: None,
     }
 }
 

@@ -115,6 +115,9 @@ pub struct ExecResult {
     /// dropped), kept apart from the guest's own stderr.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Set when the code ran in the HOPX cloud: the cloud sandbox it ran in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cloud_sandbox_id: Option<String>,
 }
 
 /// One rich output of a run, in HOPX's `rich_outputs` terms.

@@ -319,6 +319,24 @@ struct EnvSetArgs {
 }
 
 #[derive(Deserialize, JsonSchema)]
+struct RunCommandArgs {
+    sandbox_id: String,
+    /// A command line. Locally: `python file.py [args]`, `python -c CODE`, `node file.js`,
+    /// `go run main.go`; anything needing a shell needs a cloud sandbox (HOPX_API_KEY).
+    command: String,
+    /// Seconds (default 30; background: 300).
+    #[serde(default)]
+    timeout: Option<f64>,
+    #[serde(default)]
+    working_dir: Option<String>,
+    #[serde(default)]
+    env: Option<BTreeMap<String, String>>,
+    /// Job name (run_command_background).
+    #[serde(default)]
+    name: Option<String>,
+}
+
+#[derive(Deserialize, JsonSchema)]
 struct NoArgs {}
 
 #[derive(Deserialize, JsonSchema)]
@@ -629,6 +647,9 @@ impl WasmboxServer {
                 }
             }),
             "env_set" => with_args!(n, args, EnvSetArgs, |a| self.env_set(a)),
+            "run_command" | "run_command_background" => with_args!(n, args, RunCommandArgs, |a| {
+                self.run_command(a, name == "run_command_background").await
+            }),
             "health" => self.health(),
             "get_system_metrics" => with_args!(n, args, MetricsArgs, |a| self.metrics(a)),
             "cache_stats" => with_args!(n, args, OptionalSandboxArgs, |_a| self.cache_stats()),
@@ -745,27 +766,16 @@ impl WasmboxServer {
                 };
                 match self
                     .wasmbox
-                    .start_job(&sb, req, a.working_dir.as_deref(), None)
+                    .execute_fresh_in(&sb, req, a.working_dir.as_deref())
                     .await
                 {
-                    Ok(job) => {
-                        job.wait().await;
-                        match job.result() {
-                            Some(Ok(r)) => {
-                                let mut out = exec_json(&r, "isolated", &sb.id);
-                                out["_note"] = json!(format!(
-                                    "Executed in existing sandbox {} (isolated mode with sandbox_id): its files and env, a fresh interpreter",
-                                    sb.id
-                                ));
-                                with_images(out, &r)
-                            }
-                            Some(Err(e)) => exec_error("isolated", &Error::Engine(e), None),
-                            None => exec_error(
-                                "isolated",
-                                &Error::Engine("the run vanished".into()),
-                                None,
-                            ),
-                        }
+                    Ok(r) => {
+                        let mut out = exec_json(&r, "isolated", &sb.id);
+                        out["_note"] = json!(format!(
+                            "Executed in existing sandbox {} (isolated mode with sandbox_id): its files and env, a fresh interpreter",
+                            sb.id
+                        ));
+                        ok_result(out)
                     }
                     Err(e) => exec_error("isolated", &e, Some(&a.language)),
                 }
@@ -1176,6 +1186,106 @@ impl WasmboxServer {
         }))
     }
 
+    /// A command line on a local sandbox: language commands run locally, in a fresh process-like
+    /// instance on the sandbox's files; shell commands are refused with the way to get a shell.
+    async fn run_command(&self, a: RunCommandArgs, background: bool) -> CallToolResult {
+        let run_error = |error: &str, msg: String| {
+            error_result(json!({
+                "error": error,
+                "exception": msg,
+                "stdout": "",
+                "stderr": msg,
+                "exit_code": 1,
+                "command": a.command,
+            }))
+        };
+        let sb = match self.wasmbox.sandboxes().get(&a.sandbox_id) {
+            Ok(sb) => sb,
+            Err(e) => {
+                let mut r = not_found(&e, "sandbox_id", &a.sandbox_id);
+                if let Some(Value::Object(m)) = r.structured_content.as_mut() {
+                    m.insert("stdout".into(), json!(""));
+                    m.insert("stderr".into(), json!(e.to_string()));
+                    m.insert("exit_code".into(), json!(1));
+                }
+                r.content = vec![ContentBlock::text(pretty(
+                    r.structured_content.as_ref().unwrap(),
+                ))];
+                return r;
+            }
+        };
+        let local = match crate::cloud::classify_command(&a.command) {
+            crate::cloud::CommandClass::Local(l) => l,
+            crate::cloud::CommandClass::NeedsShell(why) => {
+                let reason = crate::cloud::CloudReason::Command {
+                    command: a.command.clone(),
+                    why,
+                };
+                let msg = match self.wasmbox.config().cloud.check_available(&reason) {
+                    Err(e) => e.to_string(),
+                    Ok(_) => format!(
+                        "{reason} needs a shell, and sandbox {} is local (WebAssembly, no shell). Create a cloud sandbox for shell commands (create_sandbox with internet_access=true or a cloud template), or run the language command directly (python file.py, node file.js, go run main.go).",
+                        sb.id
+                    ),
+                };
+                return run_error("Command execution failed", msg);
+            }
+        };
+        let cwd = a.working_dir.clone().unwrap_or_else(|| "/workspace".into());
+        let code = match command_code(&sb, &local, &cwd) {
+            Ok(c) => c,
+            Err(e) => return run_error("Command execution failed", e),
+        };
+        let timeout = Some(a.timeout.unwrap_or(if background { 300.0 } else { 30.0 }));
+        let max = if background { 3600.0 } else { 300.0 };
+        let req = match self.request(
+            local.language.as_str(),
+            code,
+            timeout,
+            a.env.clone(),
+            false,
+            max,
+        ) {
+            Ok(r) => r,
+            Err(e) => return run_error("Command execution failed", e.to_string()),
+        };
+        if background {
+            return match self
+                .wasmbox
+                .start_job(&sb, req, Some(&cwd), a.name.clone())
+                .await
+            {
+                Ok(job) => ok_result(json!({
+                    "process_id": job.id,
+                    "status": "running",
+                    "message": format!("Background process started: {}", job.id),
+                    "command": a.command,
+                })),
+                Err(e) => run_error("Failed to run command in background", e.to_string()),
+            };
+        }
+        match self.wasmbox.execute_fresh_in(&sb, req, Some(&cwd)).await {
+            Ok(r) => {
+                let mut v = json!({
+                    "stdout": r.stdout,
+                    "stderr": r.stderr,
+                    "exit_code": r.exit_code,
+                    "execution_time": r.execution_time,
+                    "success": r.success,
+                    "command": a.command,
+                    "language": r.language,
+                    "location": "local",
+                    "limit": r.limit,
+                });
+                if !r.notes.is_empty() {
+                    v["notes"] = json!(r.notes);
+                }
+                ok_result(v)
+            }
+            Err(e) => run_error("Unexpected error during command execution", e.to_string()),
+        }
+    }
+
     fn runtimes_json(&self) -> serde_json::Map<String, Value> {
         self.wasmbox
             .runtime_status()
@@ -1291,6 +1401,54 @@ impl WasmboxServer {
     }
 }
 
+/// The code a local command runs: its file read from the sandbox (through the workspace's
+/// `Dir`), or its inline code; Python gets the `sys.argv` the command line gave.
+fn command_code(
+    sb: &Sandbox,
+    cmd: &crate::cloud::LocalCommand,
+    cwd: &str,
+) -> Result<String, String> {
+    use crate::cloud::Program;
+    match (&cmd.program, cmd.language) {
+        (Program::File(path), crate::Language::Python) => {
+            let full = join_guest(cwd, path);
+            sb.fs.read_text(&full).map_err(|e| e.to_string())?;
+            let mut argv = vec![path.clone()];
+            argv.extend(cmd.args.iter().cloned());
+            Ok(format!(
+                "import sys, runpy\nsys.argv = {}\nrunpy.run_path({}, run_name='__main__')",
+                lit(&argv),
+                lit(&full)
+            ))
+        }
+        (Program::Code(code), crate::Language::Python) if !cmd.args.is_empty() => {
+            let mut argv = vec!["-c".to_string()];
+            argv.extend(cmd.args.iter().cloned());
+            Ok(format!("import sys; sys.argv = {}\n{code}", lit(&argv)))
+        }
+        (Program::Code(code), _) => Ok(code.clone()),
+        (Program::File(path), _) => sb
+            .fs
+            .read_text(&join_guest(cwd, path))
+            .map(|(_, text)| text)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// A command's file path as a guest path: absolute as given, else under the working directory.
+fn join_guest(cwd: &str, path: &str) -> String {
+    if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("{}/{path}", cwd.trim_end_matches('/'))
+    }
+}
+
+/// JSON text, which is also a Python literal for strings and lists of strings.
+fn lit<T: serde::Serialize + ?Sized>(v: &T) -> String {
+    serde_json::to_string(v).expect("strings always serialise")
+}
+
 fn template_names() -> String {
     TEMPLATES
         .iter()
@@ -1379,7 +1537,7 @@ fn exec_json(r: &ExecResult, mode: &str, sandbox_id: &str) -> Value {
         "mode": mode,
         "sandbox_id": sandbox_id,
         "language": r.language,
-        "location": "local",
+        "location": if r.cloud_sandbox_id.is_some() { "cloud" } else { "local" },
         "truncated": r.truncated,
         "limit": r.limit,
     });
@@ -1439,6 +1597,8 @@ fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> CallToolResult {
         Error::Sandbox(_) => ("Invalid request", "SandboxError"),
         Error::File(_) => ("Path not allowed", "FileError"),
         Error::Webhook(_) => ("Invalid callback_url", "InvalidArgument"),
+        Error::Cloud(c) if c.is_unavailable() => ("Language not available", "CloudUnavailable"),
+        Error::Cloud(_) => ("Code execution failed", "CloudError"),
         Error::Engine(_) | Error::Io { .. } => {
             ("Unexpected error during code execution", "EngineError")
         }

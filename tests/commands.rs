@@ -1,0 +1,194 @@
+//! `run_command` on local sandboxes, and Bash through the same tools: to a fake HOPX (a real
+//! HTTP server on 127.0.0.1) when a key is set, a clear error naming HOPX_API_KEY when not.
+
+mod common;
+#[path = "common/fake_hopx.rs"]
+mod fake_hopx;
+
+use common::*;
+use fake_hopx::{API_KEY, FakeHopx};
+use serde_json::{Value, json};
+
+async fn ok(c: &Client, tool: &str, args: Value) -> Value {
+    let r = call(c, tool, args).await;
+    assert!(!is_error(&r), "{tool} failed: {:?}", r.content);
+    object(&r)
+}
+
+async fn err(c: &Client, tool: &str, args: Value) -> Value {
+    let r = call(c, tool, args).await;
+    assert!(is_error(&r), "{tool} should have failed: {:?}", r.content);
+    object(&r)
+}
+
+#[tokio::test]
+async fn language_commands_run_locally_on_the_sandbox_files() {
+    let c = server_with_env(&[("HOPX_API_KEY", "")]).await;
+    let id = ok(&c, "create_sandbox", json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let write =
+        |path: &str, content: &str| json!({"sandbox_id": id, "path": path, "content": content});
+    ok(
+        &c,
+        "file_write",
+        write(
+            "app/main.py",
+            "import sys\nprint('args', sys.argv[1:], __name__)\nsys.exit(3)",
+        ),
+    )
+    .await;
+    ok(&c, "file_write", write("app/m.js", "console.log(6 * 7)")).await;
+    ok(
+        &c,
+        "file_write",
+        write(
+            "app/main.go",
+            "package main\nimport \"fmt\"\nfunc main() { fmt.Println(\"go ran\") }",
+        ),
+    )
+    .await;
+    let cases = [
+        (
+            "python app/main.py a 'b c'",
+            "args ['a', 'b c'] __main__\n",
+            3,
+        ),
+        ("python3 -c 'print(1 + 1)'", "2\n", 0),
+        ("node app/m.js", "42\n", 0),
+        ("go run app/main.go", "go ran\n", 0),
+    ];
+    for (cmd, stdout, exit) in cases {
+        let r = ok(&c, "run_command", json!({"sandbox_id": id, "command": cmd})).await;
+        assert_eq!(r["stdout"], stdout, "{cmd}: {r}");
+        assert_eq!(r["exit_code"], exit, "{cmd}: {r}");
+        assert_eq!(r["location"], "local");
+    }
+    // Relative to working_dir.
+    let r = ok(
+        &c,
+        "run_command",
+        json!({"sandbox_id": id, "command": "node m.js", "working_dir": "/workspace/app"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "42\n");
+    // A missing file is named.
+    let e = err(
+        &c,
+        "run_command",
+        json!({"sandbox_id": id, "command": "python nope.py"}),
+    )
+    .await;
+    assert!(e["stderr"].as_str().unwrap().contains("nope.py"), "{e}");
+    // A shell command needs the cloud: the error says how to enable it.
+    let e = err(
+        &c,
+        "run_command",
+        json!({"sandbox_id": id, "command": "ls -la | wc -l"}),
+    )
+    .await;
+    assert_eq!(e["exit_code"], 1);
+    assert!(
+        e["stderr"].as_str().unwrap().contains("HOPX_API_KEY"),
+        "{e}"
+    );
+    // In the background: listed, with its output.
+    let b = ok(
+        &c,
+        "run_command_background",
+        json!({"sandbox_id": id, "command": "python -c 'print(7)'"}),
+    )
+    .await;
+    let pid = b["process_id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let l = ok(&c, "execute_list_processes", json!({"sandbox_id": id})).await;
+        let p = l["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["process_id"] == pid.as_str())
+            .cloned()
+            .unwrap();
+        if p["status"] != "running" {
+            assert_eq!(p["stdout"], "7\n", "{p}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn bash_without_a_key_fails_fast_and_says_how_to_enable_it() {
+    let c = server_with_env(&[("HOPX_API_KEY", "")]).await;
+    let e = err(
+        &c,
+        "execute_code",
+        json!({"language": "bash", "code": "echo hi"}),
+    )
+    .await;
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("HOPX_API_KEY"), "{msg}");
+    assert!(msg.contains("python"), "says what runs locally: {msg}");
+    assert_eq!(e["exit_code"], 1);
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn bash_one_shots_run_in_the_cloud_and_the_cloud_sandbox_is_deleted() {
+    let fake = FakeHopx::start().await;
+    let base = fake.base_url();
+    let c = server_with_env(&[("HOPX_API_KEY", API_KEY), ("HOPX_BASE_URL", &base)]).await;
+    let r = ok(
+        &c,
+        "execute_code",
+        json!({"language": "bash", "code": "echo hi", "env": {"A": "1"}}),
+    )
+    .await;
+    assert_eq!(r["location"], "cloud", "{r}");
+    assert_eq!(r["exit_code"], 0);
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.starts_with("[bash] echo hi\n"), "{out}");
+    assert!(out.contains("A=1"), "{out}");
+    assert_eq!(fake.count("POST", "/execute"), 1);
+    assert!(
+        fake.live_sandboxes().is_empty(),
+        "the cloud sandbox is deleted after the run"
+    );
+    fake.assert_clean();
+    // The key appears in no result.
+    assert!(!r.to_string().contains(API_KEY));
+    // Python still runs locally: nothing more reaches the cloud.
+    let before = fake.requests().len();
+    let r = py(&c, "print('local')").await;
+    assert_eq!(r["location"], "local");
+    assert_eq!(fake.requests().len(), before);
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn offline_mode_refuses_the_cloud_without_a_request() {
+    let fake = FakeHopx::start().await;
+    let base = fake.base_url();
+    let c = server_with_env(&[
+        ("HOPX_API_KEY", API_KEY),
+        ("HOPX_BASE_URL", &base),
+        ("WASMBOX_OFFLINE", "1"),
+    ])
+    .await;
+    let e = err(
+        &c,
+        "execute_code",
+        json!({"language": "bash", "code": "echo hi"}),
+    )
+    .await;
+    assert!(
+        e["message"].as_str().unwrap().contains("WASMBOX_OFFLINE"),
+        "{e}"
+    );
+    assert!(fake.requests().is_empty(), "no request reached HOPX");
+    c.cancel().await.unwrap();
+}
