@@ -66,6 +66,17 @@ struct Inner {
     http: reqwest::Client,
     /// The HOPX client; whether it may be used is `cloud::route`'s call.
     cloud: Option<cloud::Cloud>,
+    /// Cloud sandboxes, by their wasmbox id.
+    cloud_sandboxes: std::sync::Mutex<std::collections::HashMap<String, Arc<CloudSandbox>>>,
+}
+
+/// A sandbox in the HOPX cloud behind a wasmbox id: its calls are forwarded.
+pub struct CloudSandbox {
+    pub id: String,
+    pub template: String,
+    pub created_at: std::time::SystemTime,
+    pub timeout_seconds: Option<u64>,
+    pub sandbox: cloud::Sandbox,
 }
 
 /// A blocking execution handed to a guest thread.
@@ -93,6 +104,7 @@ impl Wasmbox {
                     .inspect_err(|e| tracing::warn!("the HOPX client is unavailable: {e}"))
                     .ok(),
                 sandboxes,
+                cloud_sandboxes: Default::default(),
                 webhook_key,
                 http: reqwest::Client::builder()
                     .user_agent(concat!("wasmbox/", env!("CARGO_PKG_VERSION")))
@@ -348,6 +360,70 @@ impl Wasmbox {
         let mut r = r.into_exec_result(req.language);
         r.cloud_sandbox_id = Some(id);
         Ok(r)
+    }
+
+    /// Creates a sandbox in the HOPX cloud (routing has decided it must: a cloud-only template
+    /// or internet access) and gives it a wasmbox id.
+    pub async fn create_cloud_sandbox(
+        &self,
+        template: &str,
+        timeout_seconds: Option<u64>,
+        internet_access: bool,
+        env: BTreeMap<String, String>,
+    ) -> Result<Arc<CloudSandbox>> {
+        let location = cloud::route(
+            &cloud::RouteRequest {
+                template: Some(template),
+                internet_access,
+                ..Default::default()
+            },
+            &self.inner.config.cloud,
+        )?;
+        if location == cloud::Location::Local {
+            return Err(Error::InvalidArgument(format!(
+                "template {template} runs locally; create it as a local sandbox"
+            )));
+        }
+        let mut req = cloud::CreateSandbox::new(template);
+        req.timeout_seconds = timeout_seconds;
+        req.internet_access = Some(internet_access);
+        req.env_vars = env;
+        let sandbox = self.cloud()?.start(&req).await?;
+        let sb = Arc::new(CloudSandbox {
+            id: format!("wb{}", uuid::Uuid::new_v4().simple()),
+            template: template.to_string(),
+            created_at: std::time::SystemTime::now(),
+            timeout_seconds,
+            sandbox,
+        });
+        self.inner
+            .cloud_sandboxes
+            .lock()
+            .unwrap()
+            .insert(sb.id.clone(), sb.clone());
+        Ok(sb)
+    }
+
+    pub fn cloud_sandbox(&self, id: &str) -> Option<Arc<CloudSandbox>> {
+        self.inner.cloud_sandboxes.lock().unwrap().get(id).cloned()
+    }
+
+    pub fn cloud_sandboxes(&self) -> Vec<Arc<CloudSandbox>> {
+        let mut v: Vec<_> = self
+            .inner
+            .cloud_sandboxes
+            .lock()
+            .unwrap()
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by_key(|s| s.created_at);
+        v
+    }
+
+    /// Forgets a cloud sandbox (deleted, or gone on the HOPX side).
+    pub fn forget_cloud_sandbox(&self, id: &str) {
+        self.inner.cloud_sandboxes.lock().unwrap().remove(id);
     }
 
     /// The HOPX client, once routing has said the cloud may be used.

@@ -192,3 +192,103 @@ async fn offline_mode_refuses_the_cloud_without_a_request() {
     assert!(fake.requests().is_empty(), "no request reached HOPX");
     c.cancel().await.unwrap();
 }
+
+#[tokio::test]
+async fn cloud_sandboxes_are_wasmbox_ids_whose_calls_are_forwarded() {
+    let fake = FakeHopx::start().await;
+    let base = fake.base_url();
+    let c = server_with_env(&[("HOPX_API_KEY", API_KEY), ("HOPX_BASE_URL", &base)]).await;
+    let s = ok(
+        &c,
+        "create_sandbox",
+        json!({"template_id": "code-interpreter", "internet_access": true}),
+    )
+    .await;
+    assert_eq!(s["location"], "cloud");
+    let id = s["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("wb"), "a wasmbox id: {id}");
+    let hopx = fake.live_sandboxes();
+    assert_eq!(hopx.len(), 1);
+    assert!(!hopx.contains(&id), "the HOPX id stays behind ours");
+
+    let r = ok(
+        &c,
+        "run_command",
+        json!({"sandbox_id": id, "command": "ls -la | wc -l"}),
+    )
+    .await;
+    assert!(
+        r["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("[bash] ls -la | wc -l"),
+        "{r}"
+    );
+    assert_eq!(r["location"], "cloud");
+    ok(
+        &c,
+        "file_write",
+        json!({"sandbox_id": id, "path": "/workspace/a.txt", "content": "cloud file"}),
+    )
+    .await;
+    let f = ok(
+        &c,
+        "file_read",
+        json!({"sandbox_id": id, "path": "/workspace/a.txt"}),
+    )
+    .await;
+    assert_eq!(f["content"], "cloud file");
+    ok(
+        &c,
+        "env_set",
+        json!({"sandbox_id": id, "env_vars": {"K": "v"}}),
+    )
+    .await;
+    let r = ok(
+        &c,
+        "execute_code",
+        json!({"mode": "persistent", "sandbox_id": id, "language": "python", "code": "print(1)"}),
+    )
+    .await;
+    assert!(r["stdout"].as_str().unwrap().contains("K=v"), "{r}");
+    assert_eq!(r["location"], "cloud");
+
+    // Both kinds are listed, with their location.
+    let local = ok(&c, "create_sandbox", json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let l = ok(&c, "list_sandboxes", json!({})).await;
+    let loc = |sid: &str| {
+        l["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["sandbox_id"] == sid)
+            .map(|s| s["location"].clone())
+    };
+    assert_eq!(loc(&id), Some(json!("cloud")));
+    assert_eq!(loc(&local), Some(json!("local")));
+
+    ok(&c, "delete_sandbox", json!({"id": id})).await;
+    assert!(fake.live_sandboxes().is_empty(), "deleted in the cloud too");
+    let e = err(&c, "file_read", json!({"sandbox_id": id, "path": "a.txt"})).await;
+    assert_eq!(e["error"], "Sandbox not found");
+    fake.assert_clean();
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cloud_sandbox_without_a_key_is_a_clear_error() {
+    let c = server_with_env(&[("HOPX_API_KEY", "")]).await;
+    for args in [
+        json!({"internet_access": true}),
+        json!({"template_id": "ubuntu-desktop"}),
+    ] {
+        let e = err(&c, "create_sandbox", args).await;
+        let msg = e["exception"].as_str().unwrap();
+        assert!(msg.contains("HOPX_API_KEY"), "{msg}");
+        assert_eq!(e["details"]["error_type"], "CloudUnavailable");
+    }
+    c.cancel().await.unwrap();
+}

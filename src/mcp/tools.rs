@@ -540,6 +540,14 @@ impl WasmboxServer {
 
     /// Dispatches one tool call; every failure is a tool result with `isError: true`.
     pub async fn dispatch(&self, name: &str, args: JsonObject) -> CallToolResult {
+        // A call on a cloud sandbox is forwarded as a whole.
+        let target = ["sandbox_id", "id"]
+            .iter()
+            .find_map(|k| args.get(*k).and_then(Value::as_str))
+            .and_then(|id| self.wasmbox.cloud_sandbox(id));
+        if let Some(csb) = target {
+            return self.cloud_dispatch(name, args, csb).await;
+        }
         let n = name;
         match name {
             "execute_code" => with_args!(n, args, ExecuteCodeArgs, |a| self.execute_code(a).await),
@@ -565,7 +573,9 @@ impl WasmboxServer {
             "execute_code_async" => {
                 with_args!(n, args, ExecuteAsyncArgs, |a| self.execute_async(a).await)
             }
-            "create_sandbox" => with_args!(n, args, CreateSandboxArgs, |a| self.create_sandbox(a)),
+            "create_sandbox" => {
+                with_args!(n, args, CreateSandboxArgs, |a| self.create_sandbox(a).await)
+            }
             "list_sandboxes" => with_args!(n, args, ListSandboxesArgs, |a| self.list_sandboxes(a)),
             "get_sandbox" => with_args!(n, args, IdArgs, |a| match self.sandbox(&a.id, "id") {
                 Ok(sb) => {
@@ -709,6 +719,196 @@ impl WasmboxServer {
                     self.tools.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>().join(", ")
                 ),
             })),
+        }
+    }
+
+    /// Forwards a call on a cloud sandbox to HOPX; results keep the local shapes, with
+    /// `location: "cloud"`.
+    async fn cloud_dispatch(
+        &self,
+        name: &str,
+        args: JsonObject,
+        csb: Arc<crate::CloudSandbox>,
+    ) -> CallToolResult {
+        use crate::cloud::{CommandRequest, ExecuteRequest};
+        let sb = &csb.sandbox;
+        let n = name;
+        let secs = |t: Option<f64>, d: f64| {
+            std::time::Duration::from_secs_f64(t.unwrap_or(d).clamp(1.0, 3600.0))
+        };
+        macro_rules! args {
+            ($ty:ty) => {
+                match parse::<$ty>(n, args) {
+                    Ok(a) => a,
+                    Err(r) => return r,
+                }
+            };
+        }
+        let out: Result<Value, crate::cloud::CloudError> = match name {
+            "execute_code"
+            | "execute_code_persistent"
+            | "execute_code_rich"
+            | "execute_code_background"
+            | "execute_code_isolated" => {
+                let a = args!(ExecuteCodeArgs);
+                let mode = match name {
+                    "execute_code_persistent" => Mode::Persistent,
+                    "execute_code_rich" => Mode::Rich,
+                    "execute_code_background" => Mode::Background,
+                    "execute_code_isolated" => Mode::Isolated,
+                    _ => a.mode.unwrap_or(Mode::Isolated),
+                };
+                let background = mode == Mode::Background;
+                let mut req = ExecuteRequest::new(a.language.clone(), a.code);
+                req.timeout = secs(a.timeout, if background { 300.0 } else { 30.0 });
+                req.env = a.env.unwrap_or_default();
+                req.workdir = a.working_dir.or_else(|| Some("/workspace".into()));
+                if background {
+                    sb.execute_background(&req, a.name.as_deref())
+                        .await
+                        .map(|mut v| {
+                            v["mode"] = json!("background");
+                            v["sandbox_id"] = json!(csb.id);
+                            v
+                        })
+                } else {
+                    sb.execute(&req).await.map(|r| {
+                        let language =
+                            crate::Language::parse(&a.language).unwrap_or(crate::Language::Bash);
+                        let mut r = r.into_exec_result(language);
+                        r.cloud_sandbox_id = Some(sb.id().to_string());
+                        let mut v = exec_json(&r, mode.as_str(), &csb.id);
+                        if mode == Mode::Rich {
+                            v["rich_outputs"] = json!([]);
+                        }
+                        v
+                    })
+                }
+            }
+            "run_command" | "run_command_background" => {
+                let a = args!(RunCommandArgs);
+                let bg = name == "run_command_background";
+                let mut req = CommandRequest::new(a.command.clone());
+                req.timeout = secs(a.timeout, if bg { 300.0 } else { 30.0 });
+                req.env = a.env.unwrap_or_default();
+                req.workdir = a.working_dir.or_else(|| Some("/workspace".into()));
+                if bg {
+                    sb.run_command_background(&req).await
+                } else {
+                    sb.run_command(&req).await.map(|r| {
+                        json!({"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code,
+                               "execution_time": r.execution_time})
+                    })
+                }
+            }
+            "file_read" => {
+                let a = args!(PathArgs);
+                sb.read_file(&a.path)
+                    .await
+                    .map(|c| json!({"path": a.path, "content": c}))
+            }
+            "file_write" => {
+                let a = args!(FileWriteArgs);
+                sb.write_file(&a.path, &a.content)
+                    .await
+                    .map(|()| json!({"path": a.path, "size": a.content.chars().count()}))
+            }
+            "file_list" => {
+                let a = args!(FileListArgs);
+                sb.list_files(&a.path).await.map(|files| {
+                    json!({"path": a.path, "count": files.len(), "files": files,
+                           "truncated": false, "total_files": files.len()})
+                })
+            }
+            "file_exists" => {
+                let a = args!(PathArgs);
+                sb.file_exists(&a.path)
+                    .await
+                    .map(|e| json!({"path": a.path, "exists": e}))
+            }
+            "file_remove" => {
+                let a = args!(PathArgs);
+                sb.remove_file(&a.path)
+                    .await
+                    .map(|()| json!({"status": "removed", "path": a.path}))
+            }
+            "file_mkdir" => {
+                let a = args!(PathArgs);
+                sb.mkdir(&a.path)
+                    .await
+                    .map(|()| json!({"status": "created", "path": a.path}))
+            }
+            "env_get" => sb.env_get().await.map(|e| json!({"env_vars": e})),
+            "env_clear" => sb.env_clear().await.map(|()| json!({"status": "cleared"})),
+            "env_set" => {
+                let a = args!(EnvSetArgs);
+                sb.env_set(&a.env_vars, a.merge).await.map(|_| {
+                    let keys: Vec<&String> = a.env_vars.keys().collect();
+                    json!({"status": "success",
+                           "message": format!("Successfully set {} environment variable(s)", keys.len()),
+                           "variables_set": keys, "merge_mode": a.merge})
+                })
+            }
+            "execute_list_processes" | "list_processes" => sb.list_processes().await.map(|p| {
+                json!({"processes": p, "count": p.len(), "truncated": false,
+                           "total_processes": p.len()})
+            }),
+            "execute_kill_process" => {
+                let a = args!(KillArgs);
+                sb.kill_process(&a.process_id)
+                    .await
+                    .map(|_| json!({"status": "killed", "process_id": a.process_id}))
+            }
+            "delete_sandbox" => {
+                let r = sb
+                    .delete()
+                    .await
+                    .map(|()| json!({"status": "deleted", "id": csb.id}));
+                if r.is_ok() {
+                    self.wasmbox.forget_cloud_sandbox(&csb.id);
+                }
+                r
+            }
+            "get_sandbox" => match self.wasmbox.cloud() {
+                Ok(client) => client.get_sandbox(sb.id()).await.map(|info| {
+                    json!({
+                        "id": csb.id,
+                        "status": info.status,
+                        "template_id": info.template_id,
+                        "template_name": info.template_name.unwrap_or_else(|| csb.template.clone()),
+                        "timeout_seconds": csb.timeout_seconds,
+                        "created_at": crate::sandbox::fs::rfc3339(csb.created_at),
+                    })
+                }),
+                Err(e) => return exec_error("cloud", &e, None),
+            },
+            other => {
+                return error_result(json!({
+                    "error": "Not supported for cloud sandboxes",
+                    "message": format!("{other} is not available for cloud sandbox {}; it works on local sandboxes", csb.id),
+                    "sandbox_id": csb.id,
+                }));
+            }
+        };
+        match out {
+            Ok(mut v) => {
+                if v.is_object() {
+                    v["location"] = json!("cloud");
+                }
+                ok_result(v)
+            }
+            Err(e) => {
+                let gone = matches!(e, crate::cloud::CloudError::NotFound { .. });
+                error_result(json!({
+                    "error": if gone { "Not found".to_string() } else { format!("{name} failed in the cloud") },
+                    "exception": e.to_string(),
+                    "sandbox_id": csb.id,
+                    "stdout": "",
+                    "stderr": e.to_string(),
+                    "exit_code": 1,
+                    "location": "cloud",
+                }))
+            }
         }
     }
 
@@ -952,14 +1152,44 @@ impl WasmboxServer {
         }
     }
 
-    fn create_sandbox(&self, a: CreateSandboxArgs) -> CallToolResult {
+    async fn create_sandbox(&self, a: CreateSandboxArgs) -> CallToolResult {
         let details = |kind: &str| json!({"template_id": a.template_id, "error_type": kind});
-        if a.internet_access == Some(true) {
-            return error_result(json!({
-                "error": "Failed to create sandbox",
-                "exception": "internet_access needs the HOPX cloud: local sandboxes have no network. Set HOPX_API_KEY to create cloud sandboxes, or leave internet_access out for a local one (python, javascript and go run locally).",
-                "details": details("InternetAccessUnavailable"),
-            }));
+        let route = crate::cloud::RouteRequest {
+            template: Some(&a.template_id),
+            internet_access: a.internet_access == Some(true),
+            ..Default::default()
+        };
+        if crate::cloud::decide(&route) != crate::cloud::Location::Local {
+            let timeout = a.timeout_seconds.map(|t| t.max(1) as u64);
+            return match self
+                .wasmbox
+                .create_cloud_sandbox(
+                    &a.template_id,
+                    timeout,
+                    route.internet_access,
+                    a.env_vars.clone().unwrap_or_default(),
+                )
+                .await
+            {
+                Ok(sb) => ok_result(json!({
+                    "id": sb.id,
+                    "status": "running",
+                    "template_id": sb.template,
+                    "template_name": sb.template,
+                    "region": null,
+                    "created_at": crate::sandbox::fs::rfc3339(sb.created_at),
+                    "timeout_seconds": sb.timeout_seconds,
+                    "location": "cloud",
+                })),
+                Err(e) => error_result(json!({
+                    "error": "Failed to create sandbox",
+                    "exception": e.to_string(),
+                    "details": details(match &e {
+                        Error::Cloud(c) if c.is_unavailable() => "CloudUnavailable",
+                        _ => "CloudError",
+                    }),
+                })),
+            };
         }
         let env = a.env_vars.clone().unwrap_or_default();
         if let Err(e) = self.wasmbox.request(ExecOptions {
@@ -1015,6 +1245,17 @@ impl WasmboxServer {
             .filter(|s| a.status.as_deref().is_none_or(|st| st == s.status()))
             .map(|s| s.info())
             .collect();
+        for c in self.wasmbox.cloud_sandboxes() {
+            data.push(json!({
+                "sandbox_id": c.id,
+                "template_id": c.template,
+                "template_name": c.template,
+                "status": "running",
+                "timeout_seconds": c.timeout_seconds,
+                "created_at": crate::sandbox::fs::rfc3339(c.created_at),
+                "location": "cloud",
+            }));
+        }
         if a.limit > 0 {
             data.truncate(a.limit as usize);
         }
