@@ -43,6 +43,40 @@ async def main() -> int:
                 good = not res.is_error and ok(obj) and res.structured_content == obj
                 failed += not good
                 print(("ok  " if good else "FAIL"), name, json.dumps(args)[:60], "->", json.dumps(obj)[:160])
+            # A persistent sandbox, as an assistant uses one.
+            created = json.loads((await session.call_tool("create_sandbox", {"template_id": "code-interpreter"})).content[0].text)
+            sid = created["id"]
+            print("ok  " if sid else "FAIL", "create_sandbox ->", sid)
+            flow = [
+                ("execute_code", {"mode": "persistent", "sandbox_id": sid, "code": "x = 41"}, lambda r: r["exit_code"] == 0),
+                ("execute_code", {"mode": "persistent", "sandbox_id": sid, "code": "print(x + 1)"}, lambda r: r["stdout"] == "42\n"),
+                ("file_write", {"sandbox_id": sid, "path": "d.csv", "content": "a\n1\n2\n"}, lambda r: r["size"] == 6),
+                ("execute_code", {"mode": "persistent", "sandbox_id": sid, "code": "import pandas as pd; int(pd.read_csv('d.csv').a.sum())"},
+                 lambda r: r["stdout"] == "3\n"),
+                ("env_set", {"sandbox_id": sid, "env_vars": {"WHO": "sdk"}}, lambda r: r["status"] == "success"),
+                ("execute_code", {"mode": "persistent", "sandbox_id": sid, "language": "javascript", "code": "process.env.WHO"},
+                 lambda r: r["stdout"] == "'sdk'\n"),
+                ("run_command", {"sandbox_id": sid, "command": "python -c 'print(2 + 2)'"}, lambda r: r["stdout"] == "4\n"),
+                ("file_list", {"sandbox_id": sid}, lambda r: r["count"] == 1),
+                ("file_read", {"sandbox_id": sid, "path": "../etc/passwd"}, lambda r: r["error"] == "Path not allowed"),
+            ]
+            for name, args, ok in flow:
+                res = await session.call_tool(name, args)
+                obj = json.loads(res.content[0].text)
+                good = ok(obj)
+                failed += not good
+                print(("ok  " if good else "FAIL"), name, json.dumps(args)[:60], "->", json.dumps(obj)[:120])
+            rich = await session.call_tool("execute_code", {"mode": "rich", "sandbox_id": sid,
+                                                            "code": "import matplotlib.pyplot as plt; plt.plot([1, 3, 2]); plt.show()"})
+            images = [c for c in rich.content if c.type == "image"]
+            good = len(images) == 1 and images[0].mime_type == "image/png"
+            failed += not good
+            print(("ok  " if good else "FAIL"), "rich plot -> image blocks:", len(images))
+            await session.call_tool("delete_sandbox", {"id": sid})
+            gone = await session.call_tool("execute_code", {"mode": "persistent", "sandbox_id": sid, "code": "1"})
+            good = gone.is_error and "Sandbox not found" in gone.content[0].text
+            failed += not good
+            print(("ok  " if good else "FAIL"), "deleted sandbox ->", gone.content[0].text.splitlines()[1:2])
             bad = await session.call_tool("execute_code", {"code": "1", "language": "cobol"})
             print(("ok  " if bad.is_error else "FAIL"), "unknown language ->", bad.content[0].text.splitlines()[1:3])
             failed += not bad.is_error

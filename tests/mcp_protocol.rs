@@ -14,13 +14,23 @@ async fn lists_the_hopx_compatible_tools() {
     let c = server().await;
     let tools = c.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    for want in [
-        "execute_code",
-        "execute_code_isolated",
-        "health",
-        "list_templates",
-    ] {
-        assert!(names.contains(&want), "{want} missing from {names:?}");
+    // All 35 tools of hopx-mcp 0.2.1 (../shared/hopx-mcp-tools.md §6), plus our extras.
+    let hopx = "create_sandbox list_sandboxes get_sandbox delete_sandbox update_sandbox_timeout \
+        resume_sandbox list_templates get_template execute_code execute_code_isolated \
+        execute_code_persistent execute_code_rich execute_code_background run_command \
+        run_command_background file_read file_write file_list file_exists file_remove file_mkdir \
+        env_get env_set env_clear execute_list_processes execute_kill_process list_processes \
+        health ping_vm get_vm_info get_system_metrics get_preview_url get_agent_url cache_stats \
+        cache_clear";
+    let hopx: Vec<&str> = hopx.split_whitespace().collect();
+    assert_eq!(hopx.len(), 35);
+    for want in hopx.iter().chain(&[
+        "execute_code_async",
+        "pause_sandbox",
+        "file_upload",
+        "file_download",
+    ]) {
+        assert!(names.contains(want), "{want} missing from {names:?}");
     }
     let exec = tools.iter().find(|t| t.name == "execute_code").unwrap();
     let props = exec.input_schema.get("properties").unwrap();

@@ -502,6 +502,14 @@ impl WasmboxServer {
                 "env_clear",
                 "Remove all of a sandbox's environment variables.",
             ),
+            tool::<RunCommandArgs>(
+                "run_command",
+                "Run a command in a sandbox. Local sandboxes run language commands (python file.py, python -c, node file.js, go run main.go) in a fresh process on the sandbox's files; shell commands need a cloud sandbox (HOPX_API_KEY). Returns stdout, stderr, exit_code.",
+            ),
+            tool::<RunCommandArgs>(
+                "run_command_background",
+                "Start a command in a sandbox in the background; returns a process_id (see execute_list_processes).",
+            ),
             tool::<NoArgs>(
                 "health",
                 "Server health: version, uptime and the state of each runtime.",
