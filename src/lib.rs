@@ -337,25 +337,66 @@ impl Wasmbox {
     /// configured, and fails with an error naming `HOPX_API_KEY` otherwise.
     pub async fn execute(&self, req: ExecRequest) -> Result<ExecResult> {
         if req.language == Language::Bash {
-            return self.execute_in_cloud(&req).await;
+            let route = cloud::RouteRequest {
+                language: Some(req.language.as_str()),
+                ..Default::default()
+            };
+            return self.execute_in_cloud(&req, &route).await;
         }
         let run = self.runner(req).await?;
         self.on_guest_thread(run).await
     }
 
-    async fn execute_in_cloud(&self, req: &ExecRequest) -> Result<ExecResult> {
-        cloud::route(
-            &cloud::RouteRequest {
-                language: Some(req.language.as_str()),
-                ..Default::default()
-            },
-            &self.inner.config.cloud,
-        )?;
+    /// A one-shot that goes where routing says: `bash`, `internet_access` or a cloud-only
+    /// template run in a fresh HOPX sandbox (deleted afterwards), the rest locally.
+    pub async fn execute_routed(
+        &self,
+        req: ExecRequest,
+        template: Option<&str>,
+        internet_access: bool,
+    ) -> Result<ExecResult> {
+        let route = cloud::RouteRequest {
+            language: Some(req.language.as_str()),
+            template,
+            internet_access,
+            ..Default::default()
+        };
+        match cloud::decide(&route) {
+            cloud::Location::Local => self.execute(req).await,
+            cloud::Location::Cloud { .. } => self.execute_in_cloud(&req, &route).await,
+        }
+    }
+
+    async fn execute_in_cloud(
+        &self,
+        req: &ExecRequest,
+        route: &cloud::RouteRequest<'_>,
+    ) -> Result<ExecResult> {
+        cloud::route(route, &self.inner.config.cloud)?;
         let client = self.cloud()?;
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
-        let r = client
-            .oneshot(req.language.as_str(), &req.code, req.timeout, &req.env)
-            .await?;
+        let language = req.language.as_str();
+        let r = match route
+            .template
+            .filter(|t| !cloud::LOCAL_TEMPLATES.contains(t))
+        {
+            None => {
+                client
+                    .oneshot(language, &req.code, req.timeout, &req.env)
+                    .await?
+            }
+            Some(template) => {
+                let mut create = cloud::CreateSandbox::new(template);
+                create.internet_access = Some(route.internet_access);
+                let mut exec = cloud::ExecuteRequest::new(language, req.code.clone());
+                exec.timeout = req.timeout;
+                exec.env = req.env.clone();
+                exec.workdir = Some(lang::guest::WORKSPACE_GUEST.into());
+                client
+                    .with_sandbox(&create, |sb| async move { sb.execute(&exec).await })
+                    .await?
+            }
+        };
         let id = r.sandbox_id.clone();
         let mut r = r.into_exec_result(req.language);
         r.cloud_sandbox_id = Some(id);

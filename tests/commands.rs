@@ -134,6 +134,16 @@ async fn bash_without_a_key_fails_fast_and_says_how_to_enable_it() {
     assert!(msg.contains("HOPX_API_KEY"), "{msg}");
     assert!(msg.contains("python"), "says what runs locally: {msg}");
     assert_eq!(e["exit_code"], 1);
+    let e = err(
+        &c,
+        "execute_code",
+        json!({"code": "print(1)", "internet_access": true}),
+    )
+    .await;
+    assert!(
+        e["message"].as_str().unwrap().contains("HOPX_API_KEY"),
+        "{e}"
+    );
     c.cancel().await.unwrap();
 }
 
@@ -161,6 +171,21 @@ async fn bash_one_shots_run_in_the_cloud_and_the_cloud_sandbox_is_deleted() {
     fake.assert_clean();
     // The key appears in no result.
     assert!(!r.to_string().contains(API_KEY));
+    // A one-shot that asks for the internet goes to the cloud too, in any language.
+    let r = ok(
+        &c,
+        "execute_code_isolated",
+        json!({"language": "python", "code": "print(1)", "internet_access": true}),
+    )
+    .await;
+    assert_eq!(r["location"], "cloud", "{r}");
+    assert!(
+        r["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("[python] print(1)")
+    );
+    assert!(fake.live_sandboxes().is_empty());
     // Python still runs locally: nothing more reaches the cloud.
     let before = fake.requests().len();
     let r = py(&c, "print('local')").await;

@@ -72,10 +72,12 @@ struct ExecuteCodeIsolatedArgs {
     /// Print the value of a final expression, notebook style (default false, like `python -c`).
     #[serde(default)]
     echo: Option<bool>,
-    /// Accepted for HOPX compatibility; local one-shots use the code-interpreter template.
+    /// code-interpreter (default) runs locally; a cloud-only template runs in the HOPX cloud.
     #[serde(default)]
-    #[allow(dead_code)]
     template_name: Option<String>,
+    /// true runs the one-shot in the HOPX cloud (local sandboxes have no network).
+    #[serde(default)]
+    internet_access: Option<bool>,
     /// Accepted for HOPX compatibility; ignored locally.
     #[serde(default)]
     #[allow(dead_code)]
@@ -133,10 +135,13 @@ struct ExecuteCodeArgs {
     /// Background job name (background mode).
     #[serde(default)]
     name: Option<String>,
-    /// Accepted for HOPX compatibility.
+    /// isolated mode: code-interpreter (default) runs locally; a cloud-only template runs in
+    /// the HOPX cloud.
     #[serde(default)]
-    #[allow(dead_code)]
     template_name: Option<String>,
+    /// isolated mode: true runs the one-shot in the HOPX cloud (local sandboxes have no network).
+    #[serde(default)]
+    internet_access: Option<bool>,
     /// Accepted for HOPX compatibility; ignored locally.
     #[serde(default)]
     #[allow(dead_code)]
@@ -385,6 +390,17 @@ fn tool<T: JsonSchema + 'static>(name: &'static str, description: &'static str) 
     Tool::new(name, description, schema_for_type::<T>())
 }
 
+/// A one-shot as the tools describe it.
+struct OneShot {
+    code: String,
+    language: String,
+    timeout: Option<f64>,
+    env: BTreeMap<String, String>,
+    echo: Option<bool>,
+    template: Option<String>,
+    internet_access: bool,
+}
+
 /// Parses a tool's arguments and runs the handler; a parse failure is the tool error.
 macro_rules! with_args {
     ($name:expr, $args:expr, $ty:ty, |$a:ident| $body:expr) => {
@@ -560,13 +576,15 @@ impl WasmboxServer {
         match name {
             "execute_code" => with_args!(n, args, ExecuteCodeArgs, |a| self.execute_code(a).await),
             "execute_code_isolated" => with_args!(n, args, ExecuteCodeIsolatedArgs, |a| {
-                self.one_shot(
-                    a.code,
-                    a.language,
-                    a.timeout,
-                    a.env.unwrap_or_default(),
-                    a.echo,
-                )
+                self.one_shot(OneShot {
+                    code: a.code,
+                    language: a.language,
+                    timeout: a.timeout,
+                    env: a.env.unwrap_or_default(),
+                    echo: a.echo,
+                    template: a.template_name,
+                    internet_access: a.internet_access.unwrap_or(false),
+                })
                 .await
             }),
             "execute_code_persistent" => with_args!(n, args, ExecuteInSandboxArgs, |a| {
@@ -945,13 +963,15 @@ impl WasmboxServer {
         let sandbox_id = a.sandbox_id.filter(|s| !s.is_empty());
         match (mode, sandbox_id) {
             (Mode::Isolated, None) => {
-                self.one_shot(
-                    a.code,
-                    a.language,
-                    a.timeout,
-                    a.env.unwrap_or_default(),
-                    a.echo,
-                )
+                self.one_shot(OneShot {
+                    code: a.code,
+                    language: a.language,
+                    timeout: a.timeout,
+                    env: a.env.unwrap_or_default(),
+                    echo: a.echo,
+                    template: a.template_name,
+                    internet_access: a.internet_access.unwrap_or(false),
+                })
                 .await
             }
             (Mode::Isolated, Some(id)) => {
@@ -1127,27 +1147,32 @@ impl WasmboxServer {
         }
     }
 
-    async fn one_shot(
-        &self,
-        code: String,
-        language: String,
-        timeout: Option<f64>,
-        env: BTreeMap<String, String>,
-        echo: Option<bool>,
-    ) -> CallToolResult {
-        let provided = language.clone();
+    async fn one_shot(&self, o: OneShot) -> CallToolResult {
+        let provided = o.language.clone();
         let req = match self.wasmbox.request(ExecOptions {
-            language,
-            code,
-            env,
-            timeout_secs: timeout,
+            language: o.language,
+            code: o.code,
+            env: o.env,
+            timeout_secs: o.timeout,
             memory_mb: None,
-            echo: echo.unwrap_or(false),
+            echo: o.echo.unwrap_or(false),
         }) {
             Ok(r) => r,
             Err(e) => return exec_error("isolated", &e, Some(&provided)),
         };
-        match self.wasmbox.execute(req).await {
+        let routed = self
+            .wasmbox
+            .execute_routed(req, o.template.as_deref(), o.internet_access)
+            .await;
+        match routed {
+            Ok(r) if r.cloud_sandbox_id.is_some() => {
+                let id = r.cloud_sandbox_id.clone().unwrap_or_default();
+                let mut v = exec_json(&r, "isolated", &id);
+                v["_note"] = json!(format!(
+                    "Ran in HOPX cloud sandbox {id}, which was deleted after the run."
+                ));
+                ok_result(v)
+            }
             Ok(r) => {
                 let id = format!("local-{}", uuid::Uuid::new_v4().simple());
                 let mut v = exec_json(&r, "isolated", &id);
