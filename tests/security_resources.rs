@@ -1,0 +1,141 @@
+//! The resource suite for sandboxes: each abuse is stopped by a named limit with a clear
+//! result, and the server answers the next call. (One-shot loops, memory bombs and output
+//! floods per language are in the language test files.)
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+async fn sandbox(c: &Client) -> String {
+    let r = call(c, "create_sandbox", json!({})).await;
+    object(&r)["id"].as_str().unwrap().to_string()
+}
+
+async fn persistent(c: &Client, id: &str, language: &str, code: &str, timeout: u64) -> Value {
+    let r = call(
+        c,
+        "execute_code",
+        json!({"mode": "persistent", "sandbox_id": id, "language": language, "code": code, "timeout": timeout}),
+    )
+    .await;
+    assert!(!is_error(&r), "{:?}", r.content);
+    object(&r)
+}
+
+async fn still_serving(c: &Client, id: &str) {
+    let r = persistent(c, id, "python", "print('alive')", 30).await;
+    assert_eq!(r["stdout"], "alive\n", "{r}");
+}
+
+#[tokio::test]
+async fn session_abuse_is_stopped_by_named_limits() {
+    let c = server_with_env(&[("WASMBOX_SANDBOX_FILES", "200")]).await;
+    let id = sandbox(&c).await;
+    // Memory bomb in the session: denied growth, the session is replaced.
+    let r = persistent(&c, &id, "python", "x = [bytearray(64 << 20) for _ in range(40)]", 30).await;
+    assert_eq!(r["exit_code"], 1, "{r}");
+    assert_eq!(r["limit"], "memory", "{r}");
+    assert!(r["stderr"].as_str().unwrap().contains("MemoryError"), "{r}");
+    still_serving(&c, &id).await;
+    // Deep recursion: a Python error, not a crash.
+    let r = persistent(&c, &id, "python", "def f(n): return f(n + 1)\nf(0)", 30).await;
+    assert!(
+        r["stderr"].as_str().unwrap().contains("RecursionError"),
+        "{r}"
+    );
+    still_serving(&c, &id).await;
+    let r = persistent(
+        &c,
+        &id,
+        "javascript",
+        "function f(n) { return f(n + 1) + 1 }\nf(0)",
+        30,
+    )
+    .await;
+    assert_ne!(r["exit_code"], 0, "{r}");
+    still_serving(&c, &id).await;
+    // Infinite loops in each language stop at the deadline.
+    for (lang, code) in [
+        ("python", "while True: pass"),
+        ("javascript", "for (;;) {}"),
+        ("go", "package main\nfunc main() { for {} }"),
+    ] {
+        let r = persistent(&c, &id, lang, code, 2).await;
+        assert_eq!(r["limit"], "timeout", "{lang}: {r}");
+    }
+    // Output flood: cut, then stopped.
+    let r = persistent(&c, &id, "python", "while True: print('x' * 1000)", 30).await;
+    assert_eq!(r["limit"], "output", "{r}");
+    assert_eq!(r["truncated"], true);
+    // File-count bomb: the quota on entries stops it.
+    let r = persistent(
+        &c,
+        &id,
+        "python",
+        "import os, time\nos.makedirs('many', exist_ok=True)\ni = 0\nwhile True:\n    open(f'many/{i}', 'w').close(); i += 1\n    if i % 50 == 0: time.sleep(0.01)",
+        30,
+    )
+    .await;
+    assert_eq!(r["limit"], "disk", "{r}");
+    let rm = call(&c, "file_remove", json!({"sandbox_id": id, "path": "many"})).await;
+    assert!(!is_error(&rm));
+    still_serving(&c, &id).await;
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn giant_inputs_and_too_many_of_anything_are_clear_errors() {
+    let c = server_with_env(&[
+        ("WASMBOX_MAX_SANDBOXES", "3"),
+        ("WASMBOX_SANDBOX_JOBS", "2"),
+    ])
+    .await;
+    // A code input over 10 MiB is refused before anything runs.
+    let big = format!("x = '{}'", "a".repeat(11 << 20));
+    let r = call(&c, "execute_code", json!({"code": big})).await;
+    assert!(is_error(&r));
+    let v = object(&r);
+    assert!(
+        v["message"].as_str().unwrap().contains("limit"),
+        "{}",
+        v["message"]
+    );
+    // Background jobs are bounded per sandbox.
+    let id = sandbox(&c).await;
+    for _ in 0..2 {
+        let r = call(
+            &c,
+            "execute_code_background",
+            json!({"sandbox_id": id, "code": "while True: pass", "timeout": 60}),
+        )
+        .await;
+        assert!(!is_error(&r), "{:?}", r.content);
+    }
+    let r = call(
+        &c,
+        "execute_code_background",
+        json!({"sandbox_id": id, "code": "print(1)"}),
+    )
+    .await;
+    assert!(is_error(&r));
+    assert!(
+        object(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("background jobs are running"),
+        "{:?}",
+        r.content
+    );
+    // Sandboxes are bounded; deleting one (which stops its jobs) makes room.
+    sandbox(&c).await;
+    sandbox(&c).await;
+    let r = call(&c, "create_sandbox", json!({})).await;
+    assert!(is_error(&r));
+    let d = call(&c, "delete_sandbox", json!({"id": id})).await;
+    assert!(!is_error(&d));
+    let r = call(&c, "create_sandbox", json!({})).await;
+    assert!(!is_error(&r), "{:?}", r.content);
+    assert_eq!(py(&c, "print(2)").await["stdout"], "2\n");
+    c.cancel().await.unwrap();
+}
