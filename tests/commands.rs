@@ -310,10 +310,16 @@ async fn a_cloud_sandbox_without_a_key_is_a_clear_error() {
         json!({"internet_access": true}),
         json!({"template_id": "ubuntu-desktop"}),
     ] {
-        let e = err(&c, "create_sandbox", args).await;
+        // An unknown name also lists the local templates (it may be a typo).
+        let e = err(&c, "create_sandbox", args.clone()).await;
         let msg = e["exception"].as_str().unwrap();
         assert!(msg.contains("HOPX_API_KEY"), "{msg}");
-        assert_eq!(e["details"]["error_type"], "CloudUnavailable");
+        let kind = if args.get("internet_access").is_some() {
+            "CloudUnavailable"
+        } else {
+            "TemplateNotFoundError"
+        };
+        assert_eq!(e["details"]["error_type"], kind);
     }
     c.cancel().await.unwrap();
 }

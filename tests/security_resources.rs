@@ -33,7 +33,14 @@ async fn session_abuse_is_stopped_by_named_limits() {
     let c = server_with_env(&[("WASMBOX_SANDBOX_FILES", "200")]).await;
     let id = sandbox(&c).await;
     // Memory bomb in the session: denied growth, the session is replaced.
-    let r = persistent(&c, &id, "python", "x = [bytearray(64 << 20) for _ in range(40)]", 30).await;
+    let r = persistent(
+        &c,
+        &id,
+        "python",
+        "x = [bytearray(64 << 20) for _ in range(40)]",
+        30,
+    )
+    .await;
     assert_eq!(r["exit_code"], 1, "{r}");
     assert_eq!(r["limit"], "memory", "{r}");
     assert!(r["stderr"].as_str().unwrap().contains("MemoryError"), "{r}");

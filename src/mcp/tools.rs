@@ -1214,14 +1214,29 @@ impl WasmboxServer {
                     "timeout_seconds": sb.timeout_seconds,
                     "location": "cloud",
                 })),
-                Err(e) => error_result(json!({
-                    "error": "Failed to create sandbox",
-                    "exception": e.to_string(),
-                    "details": details(match &e {
-                        Error::Cloud(c) if c.is_unavailable() => "CloudUnavailable",
-                        _ => "CloudError",
-                    }),
-                })),
+                Err(e) => {
+                    let unavailable = matches!(&e, Error::Cloud(c) if c.is_unavailable());
+                    // Without the cloud, an unknown name is most likely a typo of a local one.
+                    let (exception, kind) = if unavailable && !route.internet_access {
+                        (
+                            format!(
+                                "Template '{}' not found locally. Local templates: {}. Other templates exist only in the HOPX cloud: {e}",
+                                a.template_id,
+                                template_names()
+                            ),
+                            "TemplateNotFoundError",
+                        )
+                    } else if unavailable {
+                        (e.to_string(), "CloudUnavailable")
+                    } else {
+                        (e.to_string(), "CloudError")
+                    };
+                    error_result(json!({
+                        "error": "Failed to create sandbox",
+                        "exception": exception,
+                        "details": details(kind),
+                    }))
+                }
             };
         }
         let env = a.env_vars.clone().unwrap_or_default();
