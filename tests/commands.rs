@@ -7,19 +7,7 @@ mod fake_hopx;
 
 use common::*;
 use fake_hopx::{API_KEY, FakeHopx};
-use serde_json::{Value, json};
-
-async fn ok(c: &Client, tool: &str, args: Value) -> Value {
-    let r = call(c, tool, args).await;
-    assert!(!is_error(&r), "{tool} failed: {:?}", r.content);
-    object(&r)
-}
-
-async fn err(c: &Client, tool: &str, args: Value) -> Value {
-    let r = call(c, tool, args).await;
-    assert!(is_error(&r), "{tool} should have failed: {:?}", r.content);
-    object(&r)
-}
+use serde_json::json;
 
 #[tokio::test]
 async fn language_commands_run_locally_on_the_sandbox_files() {

@@ -9,27 +9,6 @@ use base64::Engine as _;
 use common::*;
 use serde_json::{Value, json};
 
-async fn create(c: &Client, args: Value) -> String {
-    let r = call(c, "create_sandbox", args).await;
-    assert!(!is_error(&r), "create_sandbox failed: {:?}", r.content);
-    let v = object(&r);
-    v["id"].as_str().expect("an id").to_string()
-}
-
-/// Calls a tool that must succeed and returns its object.
-async fn ok(c: &Client, tool: &str, args: Value) -> Value {
-    let r = call(c, tool, args).await;
-    assert!(!is_error(&r), "{tool} failed: {:?}", r.content);
-    object(&r)
-}
-
-/// Calls a tool that must fail and returns its object.
-async fn err(c: &Client, tool: &str, args: Value) -> Value {
-    let r = call(c, tool, args).await;
-    assert!(is_error(&r), "{tool} should have failed: {:?}", r.content);
-    object(&r)
-}
-
 async fn run(c: &Client, id: &str, language: &str, code: &str) -> Value {
     ok(
         c,
@@ -43,7 +22,7 @@ async fn run(c: &Client, id: &str, language: &str, code: &str) -> Value {
 async fn the_users_story_state_files_env_and_delete() {
     let c = server().await;
     let t = Instant::now();
-    let id = create(&c, json!({"template_id": "code-interpreter"})).await;
+    let id = create_sandbox(&c, json!({"template_id": "code-interpreter"})).await;
     assert!(id.len() >= 32, "ids are long and random: {id}");
     eprintln!("create_sandbox over stdio: {:?}", t.elapsed());
 
@@ -198,7 +177,7 @@ async fn the_users_story_state_files_env_and_delete() {
 async fn expiry_removes_the_sandbox_and_its_files() {
     let tmp = tempfile::tempdir().unwrap();
     let c = server_with_env(&[("TMPDIR", tmp.path().to_str().unwrap())]).await;
-    let id = create(&c, json!({"timeout_seconds": 2})).await;
+    let id = create_sandbox(&c, json!({"timeout_seconds": 2})).await;
     ok(
         &c,
         "file_write",
@@ -228,7 +207,7 @@ async fn expiry_removes_the_sandbox_and_its_files() {
 #[tokio::test]
 async fn paths_that_escape_the_workspace_are_refused() {
     let c = server().await;
-    let id = create(&c, json!({})).await;
+    let id = create_sandbox(&c, json!({})).await;
     for path in [
         "../x",
         "a/../../x",
@@ -286,7 +265,7 @@ async fn paths_that_escape_the_workspace_are_refused() {
 #[tokio::test]
 async fn background_jobs_complete_are_listed_and_can_be_killed() {
     let c = server().await;
-    let id = create(&c, json!({})).await;
+    let id = create_sandbox(&c, json!({})).await;
     let started = ok(
         &c,
         "execute_code",
@@ -415,7 +394,7 @@ async fn async_execution_posts_a_signed_result_to_a_local_webhook() {
     use hmac::Mac;
     const SECRET: &str = "test-secret-0123456789";
     let c = server_with_env(&[("WASMBOX_WEBHOOK_SECRET", SECRET)]).await;
-    let id = create(&c, json!({})).await;
+    let id = create_sandbox(&c, json!({})).await;
     run(&c, &id, "python", "open('in.txt', 'w').write('21')").await;
     for sandbox in [Some(id.as_str()), None] {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -466,7 +445,7 @@ async fn async_execution_posts_a_signed_result_to_a_local_webhook() {
 #[tokio::test]
 async fn rich_mode_returns_plots_as_png_images_and_dataframes_as_html() {
     let c = server().await;
-    let id = create(&c, json!({"template_id": "python"})).await;
+    let id = create_sandbox(&c, json!({"template_id": "python"})).await;
     let r = call(
         &c,
         "execute_code",
@@ -510,7 +489,7 @@ async fn rich_mode_returns_plots_as_png_images_and_dataframes_as_html() {
 #[tokio::test]
 async fn a_session_that_hits_a_limit_is_replaced_and_the_result_says_so() {
     let c = server().await;
-    let id = create(&c, json!({})).await;
+    let id = create_sandbox(&c, json!({})).await;
     run(&c, &id, "python", "x = 1").await;
     let r = ok(
         &c,
@@ -552,7 +531,7 @@ async fn quotas_and_limits_give_clear_errors() {
         ("WASMBOX_MAX_SANDBOXES", "2"),
     ])
     .await;
-    let id = create(&c, json!({"template_id": "python"})).await;
+    let id = create_sandbox(&c, json!({"template_id": "python"})).await;
     // The file tools refuse to go over the quota.
     let big = "x".repeat(1_100_000);
     let e = err(
@@ -596,7 +575,7 @@ async fn quotas_and_limits_give_clear_errors() {
         "{e}"
     );
     // The live-sandbox limit.
-    create(&c, json!({})).await;
+    create_sandbox(&c, json!({})).await;
     let e = err(&c, "create_sandbox", json!({})).await;
     assert!(
         e["exception"]
@@ -629,7 +608,7 @@ async fn quotas_and_limits_give_clear_errors() {
 async fn sandbox_lifecycle_tools() {
     let c = server().await;
     let t = Instant::now();
-    let id = create(
+    let id = create_sandbox(
         &c,
         json!({"template_id": "code-interpreter", "timeout_seconds": 100, "env_vars": {"A": "1"}}),
     )

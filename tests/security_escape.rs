@@ -18,12 +18,6 @@ async fn server_for_attacks() -> Client {
     server_with_env(&[("HOPX_API_KEY", KEY), ("WASMBOX_OFFLINE", "1")]).await
 }
 
-async fn sandbox(c: &Client) -> String {
-    let r = call(c, "create_sandbox", json!({})).await;
-    assert!(!is_error(&r), "{:?}", r.content);
-    object(&r)["id"].as_str().unwrap().to_string()
-}
-
 /// Runs `code` in sandbox `id` and checks it reports BLOCKED and never LEAK.
 async fn attempt(c: &Client, id: &str, case: &str, language: &str, code: &str) {
     let r = call(
@@ -61,7 +55,7 @@ fn go(body: &str, imports: &str) -> String {
 #[tokio::test]
 async fn guest_code_cannot_reach_the_host() {
     let c = server_for_attacks().await;
-    let id = sandbox(&c).await;
+    let id = create_sandbox(&c, json!({})).await;
     let cache = dirs_cache();
     let cases: Vec<(&str, &str, String)> = vec![
         ("py: absolute /etc/passwd", "python", py("print('LEAK', open('/etc/passwd').read()[:20])")),
@@ -144,8 +138,8 @@ async fn go_directives_and_cgo_are_refused_or_harmless() {
 #[tokio::test]
 async fn file_tools_cannot_reach_the_host_or_another_sandbox() {
     let c = server_for_attacks().await;
-    let a = sandbox(&c).await;
-    let b = sandbox(&c).await;
+    let a = create_sandbox(&c, json!({})).await;
+    let b = create_sandbox(&c, json!({})).await;
     let w = call(
         &c,
         "file_write",
@@ -257,7 +251,7 @@ async fn webhooks_only_reach_allowed_targets() {
 #[tokio::test]
 async fn the_key_never_appears_in_any_answer() {
     let c = server_for_attacks().await;
-    let id = sandbox(&c).await;
+    let id = create_sandbox(&c, json!({})).await;
     let mut answers: Vec<Value> = Vec::new();
     for (tool, args) in [
         ("health", json!({})),

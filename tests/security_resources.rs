@@ -7,11 +7,6 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 
-async fn sandbox(c: &Client) -> String {
-    let r = call(c, "create_sandbox", json!({})).await;
-    object(&r)["id"].as_str().unwrap().to_string()
-}
-
 async fn persistent(c: &Client, id: &str, language: &str, code: &str, timeout: u64) -> Value {
     let r = call(
         c,
@@ -31,7 +26,7 @@ async fn still_serving(c: &Client, id: &str) {
 #[tokio::test]
 async fn session_abuse_is_stopped_by_named_limits() {
     let c = server_with_env(&[("WASMBOX_SANDBOX_FILES", "200")]).await;
-    let id = sandbox(&c).await;
+    let id = create_sandbox(&c, json!({})).await;
     // Memory bomb in the session: denied growth, the session is replaced.
     let r = persistent(
         &c,
@@ -109,7 +104,7 @@ async fn giant_inputs_and_too_many_of_anything_are_clear_errors() {
         v["message"]
     );
     // Background jobs are bounded per sandbox.
-    let id = sandbox(&c).await;
+    let id = create_sandbox(&c, json!({})).await;
     for _ in 0..2 {
         let r = call(
             &c,
@@ -135,8 +130,8 @@ async fn giant_inputs_and_too_many_of_anything_are_clear_errors() {
         r.content
     );
     // Sandboxes are bounded; deleting one (which stops its jobs) makes room.
-    sandbox(&c).await;
-    sandbox(&c).await;
+    create_sandbox(&c, json!({})).await;
+    create_sandbox(&c, json!({})).await;
     let r = call(&c, "create_sandbox", json!({})).await;
     assert!(is_error(&r));
     let d = call(&c, "delete_sandbox", json!({"id": id})).await;

@@ -101,3 +101,23 @@ pub async fn py(client: &Client, code: &str) -> Value {
     assert!(!is_error(&r), "unexpected tool error: {:?}", r.content);
     object(&r)
 }
+
+/// Calls a tool that must succeed and returns its object.
+pub async fn ok(c: &Client, tool: &str, args: Value) -> Value {
+    let r = call(c, tool, args).await;
+    assert!(!is_error(&r), "{tool} failed: {:?}", r.content);
+    object(&r)
+}
+
+/// Calls a tool that must fail (`isError`) and returns its object.
+pub async fn err(c: &Client, tool: &str, args: Value) -> Value {
+    let r = call(c, tool, args).await;
+    assert!(is_error(&r), "{tool} should have failed: {:?}", r.content);
+    object(&r)
+}
+
+/// Creates a sandbox with `args` and returns its id.
+pub async fn create_sandbox(c: &Client, args: Value) -> String {
+    let v = ok(c, "create_sandbox", args).await;
+    v["id"].as_str().expect("an id").to_string()
+}
