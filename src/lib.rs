@@ -313,13 +313,7 @@ impl Wasmbox {
                 bytes
             }
         };
-        for (k, v) in &opts.env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(Error::InvalidArgument(format!(
-                    "Invalid environment variable {k:?}: names must be non-empty without '=' or NUL, values without NUL"
-                )));
-            }
-        }
+        check_env(&opts.env)?;
         Ok(ExecRequest {
             language,
             code: opts.code,
@@ -772,6 +766,19 @@ fn quota_note(sb: &Sandbox, r: &mut ExecResult) {
             q.max_bytes, q.max_entries
         ));
     }
+}
+
+/// Environment variables a guest can be given: names non-empty without `=` or NUL, values
+/// without NUL. (Checked for per-call env and for a sandbox's own.)
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<()> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(Error::InvalidArgument(format!(
+                "Invalid environment variable {k:?}: names must be non-empty without '=' or NUL, values without NUL"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Loads a runtime once per process on a blocking thread; concurrent callers wait for the same

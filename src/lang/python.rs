@@ -577,8 +577,8 @@ fn user_turn(req: &ExecRequest) -> String {
     )
 }
 
-/// JSON text of a string or a map of strings, which is also a Python literal of it.
-fn literal<T: serde::Serialize + ?Sized>(v: &T) -> String {
+/// JSON text of a string, or a list or map of strings, which is also a Python literal of it.
+pub fn literal<T: serde::Serialize + ?Sized>(v: &T) -> String {
     serde_json::to_string(v).expect("strings and maps always serialise")
 }
 

@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use base64::Engine as _;
 
+use crate::lang::python::literal;
 use crate::sandbox::fs::FsError;
 use crate::sandbox::{Sandbox, SandboxError, TEMPLATES};
 use crate::{Error, ExecOptions, ExecResult, Wasmbox};
@@ -1240,11 +1241,7 @@ impl WasmboxServer {
             };
         }
         let env = a.env_vars.clone().unwrap_or_default();
-        if let Err(e) = self.wasmbox.request(ExecOptions {
-            language: "python".into(),
-            env: env.clone(),
-            ..Default::default()
-        }) {
+        if let Err(e) = crate::check_env(&env) {
             return error_result(json!({
                 "error": "Failed to create sandbox",
                 "exception": e.to_string(),
@@ -1451,11 +1448,7 @@ impl WasmboxServer {
             Ok(sb) => sb,
             Err(r) => return r,
         };
-        if let Err(e) = self.wasmbox.request(ExecOptions {
-            language: "python".into(),
-            env: a.env_vars.clone(),
-            ..Default::default()
-        }) {
+        if let Err(e) = crate::check_env(&a.env_vars) {
             return error_result(json!({
                 "error": "Failed to set environment variables",
                 "exception": e.to_string(),
@@ -1706,14 +1699,14 @@ fn command_code(
             argv.extend(cmd.args.iter().cloned());
             Ok(format!(
                 "import sys, runpy\nsys.argv = {}\nrunpy.run_path({}, run_name='__main__')",
-                lit(&argv),
-                lit(&full)
+                literal(&argv),
+                literal(&full)
             ))
         }
         (Program::Code(code), crate::Language::Python) if !cmd.args.is_empty() => {
             let mut argv = vec!["-c".to_string()];
             argv.extend(cmd.args.iter().cloned());
-            Ok(format!("import sys; sys.argv = {}\n{code}", lit(&argv)))
+            Ok(format!("import sys; sys.argv = {}\n{code}", literal(&argv)))
         }
         (Program::Code(code), _) => Ok(code.clone()),
         (Program::File(path), _) => sb
@@ -1731,11 +1724,6 @@ fn join_guest(cwd: &str, path: &str) -> String {
     } else {
         format!("{}/{path}", cwd.trim_end_matches('/'))
     }
-}
-
-/// JSON text, which is also a Python literal for strings and lists of strings.
-fn lit<T: serde::Serialize + ?Sized>(v: &T) -> String {
-    serde_json::to_string(v).expect("strings always serialise")
 }
 
 fn template_names() -> String {
