@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use wasmbox::sandbox::LOCAL_OWNER;
 use wasmbox::{Config, ExecOptions, Wasmbox};
 
 fn opts(language: &str, code: &str) -> ExecOptions {
@@ -23,6 +24,9 @@ fn opts(language: &str, code: &str) -> ExecOptions {
 fn wasmbox(pool_size: usize, rt: &tokio::runtime::Runtime) -> Wasmbox {
     let mut cfg = Config::from_env();
     cfg.python.pool_size = pool_size;
+    // Sandboxes persist as in `serve` (metadata file and lock), under a scratch directory.
+    cfg.sandbox.data_dir =
+        Some(std::env::temp_dir().join(format!("wasmbox-bench-data-{}", std::process::id())));
     let wb = Wasmbox::new(cfg).expect("engine");
     for (lang, outcome) in rt.block_on(wb.prepare()) {
         outcome.unwrap_or_else(|e| panic!("{lang:?}: {e} (run ./fetch-runtimes.sh)"));
@@ -211,14 +215,14 @@ fn sandbox(c: &mut Criterion) {
         b.iter(|| {
             let sb = wb
                 .sandboxes()
-                .create("code-interpreter", None, Default::default())
+                .create("code-interpreter", None, Default::default(), LOCAL_OWNER)
                 .unwrap();
-            wb.sandboxes().delete(&sb.id).unwrap();
+            wb.sandboxes().delete(&sb.id, LOCAL_OWNER).unwrap();
         })
     });
     let sb = wb
         .sandboxes()
-        .create("code-interpreter", None, Default::default())
+        .create("code-interpreter", None, Default::default(), LOCAL_OWNER)
         .unwrap();
     let req = wb.request(opts("python", "x = 1")).unwrap();
     rt.block_on(wb.execute_in(&sb, req, None, false)).unwrap();

@@ -57,6 +57,8 @@ impl Config {
     /// `WASMBOX_POOL_MEMORY_MB`, `WASMBOX_POOL_REFILL_THREADS`, `WASMBOX_POOLED_INSTANCES` (0 turns the
     /// pooling allocator off), `WASMBOX_SANDBOX_TIMEOUT` (seconds), `WASMBOX_MAX_SANDBOXES`,
     /// `WASMBOX_SANDBOX_DISK_MB`, `WASMBOX_SANDBOX_FILES`, `WASMBOX_SANDBOX_JOBS`,
+    /// `WASMBOX_MAX_SANDBOXES_PER_TOKEN`, `WASMBOX_DATA` (sandboxes' files; `none`: a temporary
+    /// directory, gone with the process),
     /// `WASMBOX_WEBHOOK_ALLOW_ANY` and `WASMBOX_WEBHOOK_SECRET`.
     pub fn from_env() -> Self {
         let env_num = |name: &str| {
@@ -101,6 +103,14 @@ impl Config {
                 },
                 max_running_jobs: env_num("WASMBOX_SANDBOX_JOBS").unwrap_or(4),
                 max_kept_jobs: 64,
+                max_per_owner: env_num("WASMBOX_MAX_SANDBOXES_PER_TOKEN")
+                    .or_else(|| env_num("WASMBOX_MAX_SANDBOXES"))
+                    .unwrap_or(32),
+                data_dir: match std::env::var_os("WASMBOX_DATA") {
+                    Some(v) if v == "none" => None,
+                    Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+                    _ => Some(default_data_dir()),
+                },
             },
             webhook: WebhookConfig {
                 allow_any_host: std::env::var("WASMBOX_WEBHOOK_ALLOW_ANY").is_ok_and(|v| v == "1"),
@@ -128,6 +138,13 @@ impl Config {
 fn pool_size(wanted: usize, budget_mb: usize) -> usize {
     const PER_INSTANCE_MB: usize = 32;
     wanted.min(budget_mb / PER_INSTANCE_MB)
+}
+
+/// Where sandboxes' files live across restarts, e.g. `~/.local/share/wasmbox`.
+fn default_data_dir() -> PathBuf {
+    dirs::data_local_dir()
+        .map(|d| d.join("wasmbox"))
+        .unwrap_or_else(|| default_cache_dir().join("data"))
 }
 
 /// `./runtimes` when run from a checkout, else the checkout this binary was built from.

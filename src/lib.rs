@@ -73,6 +73,8 @@ struct Inner {
 /// A sandbox in the HOPX cloud behind a wasmbox id: its calls are forwarded.
 pub struct CloudSandbox {
     pub id: String,
+    /// Who created it (see [`sandbox::Sandbox::owner`]).
+    pub owner: String,
     pub template: String,
     pub created_at: std::time::SystemTime,
     pub timeout_seconds: Option<u64>,
@@ -405,6 +407,7 @@ impl Wasmbox {
         timeout_seconds: Option<u64>,
         internet_access: bool,
         env: BTreeMap<String, String>,
+        owner: &str,
     ) -> Result<Arc<CloudSandbox>> {
         let location = cloud::route(
             &cloud::RouteRequest {
@@ -426,6 +429,7 @@ impl Wasmbox {
         let sandbox = self.cloud()?.start(&req).await?;
         let sb = Arc::new(CloudSandbox {
             id: format!("wb{}", uuid::Uuid::new_v4().simple()),
+            owner: owner.to_string(),
             template: template.to_string(),
             created_at: std::time::SystemTime::now(),
             timeout_seconds,
@@ -736,7 +740,18 @@ fn in_session<S>(
         slot.session = Some(start()?);
     }
     let session = slot.session.as_mut().expect("just started");
-    let mut r = run(session);
+    // A panic inside a host function leaves the session's store in an unknown state: drop the
+    // session (its files stay) and fail this call only.
+    let mut r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(session))) {
+        Ok(r) => r,
+        Err(_) => {
+            slot.session = None;
+            slot.ended = Some("wasmbox failed inside it (a host panic)".into());
+            return Err(Error::Engine(format!(
+                "the execution failed inside wasmbox (a host panic); the {name} session was discarded, files in /workspace remain"
+            )));
+        }
+    };
     if !alive(session) {
         let why = match r.limit {
             Some(l) => format!("it hit the {} limit", l.as_str()),

@@ -23,6 +23,10 @@ struct Cli {
     /// Compiled-module cache directory (default: the user cache dir, e.g. ~/.cache/wasmbox).
     #[arg(long, global = true, env = "WASMBOX_CACHE")]
     cache_dir: Option<PathBuf>,
+    /// Where persistent sandboxes keep their files across restarts (default: the user data dir,
+    /// e.g. ~/.local/share/wasmbox; `none`: a temporary directory gone with the process).
+    #[arg(long, global = true, env = "WASMBOX_DATA")]
+    data_dir: Option<PathBuf>,
     /// Never use the HOPX cloud fallback (also WASMBOX_OFFLINE=1): bash, shell commands,
     /// internet access and cloud-only templates then fail with an error.
     #[arg(long, global = true)]
@@ -33,8 +37,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve MCP over stdio (what Claude Desktop, Cursor and VS Code start).
-    Serve,
+    /// Serve MCP over stdio (what Claude Desktop, Cursor and VS Code start), or over streamable
+    /// HTTP with --http.
+    Serve {
+        /// Serve MCP's streamable HTTP transport at http://ADDR/mcp instead of stdio, e.g.
+        /// 127.0.0.1:8765. Every request needs `Authorization: Bearer <token>`: WASMBOX_TOKEN
+        /// (comma-separated for several clients), or a token generated and printed on first start.
+        #[arg(long, value_name = "ADDR")]
+        http: Option<std::net::SocketAddr>,
+        /// Allow --http on a non-loopback address.
+        #[arg(long, requires = "http")]
+        allow_remote: bool,
+        /// Tool calls one token may have running at once.
+        #[arg(long, env = "WASMBOX_TOKEN_CONCURRENCY", default_value_t = 8)]
+        calls_per_token: usize,
+    },
     /// Run code once in a fresh sandbox; prints its output and exits with its exit code.
     Run {
         /// python, javascript (js, node) or go (golang); bash is not available in this build yet.
@@ -80,7 +97,11 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(real_main(cli)) {
+    let outcome = runtime.block_on(real_main(cli));
+    // Not a plain drop: that would wait for blocking tasks, such as the stdin reader of a
+    // server told to stop by SIGTERM while its client is still connected.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("wasmbox: error: {e:#}");
@@ -98,10 +119,45 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(c) = cli.cache_dir {
         config.cache_dir = c;
     }
+    if let Some(d) = cli.data_dir {
+        config.sandbox.data_dir = (d.as_os_str() != "none").then_some(d);
+    }
     let wasmbox = Wasmbox::new(config)?;
     match cli.command {
-        Command::Serve => {
+        Command::Serve { http: None, .. } => {
             wasmbox::mcp::serve::serve_stdio(wasmbox).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve {
+            http: Some(addr),
+            allow_remote,
+            calls_per_token,
+        } => {
+            let dir = config_dir(&wasmbox);
+            let (tokens, generated) =
+                wasmbox::mcp::serve::http_tokens(std::env::var("WASMBOX_TOKEN").ok(), &dir)?;
+            match generated {
+                Some(path) => eprintln!(
+                    "wasmbox: generated an HTTP bearer token (saved in {}; set WASMBOX_TOKEN to choose your own):\n  {}",
+                    path.display(),
+                    tokens[0]
+                ),
+                None if std::env::var("WASMBOX_TOKEN").is_err() => eprintln!(
+                    "wasmbox: HTTP bearer token in {}",
+                    dir.join("http-token").display()
+                ),
+                None => {}
+            }
+            wasmbox::mcp::serve::serve_http(
+                wasmbox,
+                wasmbox::mcp::serve::HttpOptions {
+                    addr,
+                    allow_remote,
+                    tokens,
+                    calls_per_token: calls_per_token.max(1),
+                },
+            )
+            .await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Prepare => {
@@ -183,4 +239,13 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(result.exit_code.clamp(0, 255) as u8))
         }
     }
+}
+
+/// Where the generated HTTP token lives: the data directory, else the cache directory.
+fn config_dir(wasmbox: &Wasmbox) -> PathBuf {
+    let c = wasmbox.config();
+    c.sandbox
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| c.cache_dir.clone())
 }

@@ -206,6 +206,9 @@ impl CappedOutput {
     }
 
     fn push(&self, bytes: &[u8]) -> Result<(), StreamError> {
+        if failpoint("stdout-panic") && bytes.windows(23).any(|w| w == b"wasmbox-failpoint-panic") {
+            panic!("failpoint stdout-panic: a panic inside the fd_write host function");
+        }
         let mut c = self.0.lock().unwrap();
         let room = c.cap.saturating_sub(c.buf.len());
         let keep = room.min(bytes.len());
@@ -284,4 +287,19 @@ impl tokio::io::AsyncWrite for CappedOutput {
     ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))
     }
+}
+
+/// Fault injection for the fault suite: `WASMBOX_FAILPOINTS=name,...` turns named faults on.
+/// `stdout-panic`: the guest-output host function panics when a guest writes
+/// `wasmbox-failpoint-panic`, to prove a panic inside a host function fails only that call.
+pub fn failpoint(name: &str) -> bool {
+    static POINTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    POINTS
+        .get_or_init(|| {
+            std::env::var("WASMBOX_FAILPOINTS")
+                .map(|v| v.split(',').map(|p| p.trim().to_string()).collect())
+                .unwrap_or_default()
+        })
+        .iter()
+        .any(|p| p == name)
 }

@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::sandbox::LOCAL_OWNER;
+
 use rmcp::handler::server::common::schema_for_type;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -52,6 +54,18 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub struct WasmboxServer {
     wasmbox: Wasmbox,
     tools: Arc<Vec<Tool>>,
+    /// Whose sandboxes this call may see: [`LOCAL_OWNER`] over stdio, the caller's token over
+    /// HTTP (set per call from the request, see [`Owner`]).
+    owner: Arc<str>,
+}
+
+/// The owner of an HTTP request (a token), put in its extensions by the transport's auth layer,
+/// with the token's limit on calls running at once.
+#[derive(Clone, Debug)]
+pub struct Owner {
+    pub id: Arc<str>,
+    pub calls: Arc<tokio::sync::Semaphore>,
+    pub max_calls: usize,
 }
 
 // ---- Arguments, as HOPX's tools take them (plus a few local extras, all optional) ----
@@ -560,6 +574,7 @@ impl WasmboxServer {
         Self {
             wasmbox,
             tools: Arc::new(tools),
+            owner: LOCAL_OWNER.into(),
         }
     }
 
@@ -569,7 +584,8 @@ impl WasmboxServer {
         let target = ["sandbox_id", "id"]
             .iter()
             .find_map(|k| args.get(*k).and_then(Value::as_str))
-            .and_then(|id| self.wasmbox.cloud_sandbox(id));
+            .and_then(|id| self.wasmbox.cloud_sandbox(id))
+            .filter(|c| *c.owner == *self.owner);
         if let Some(csb) = target {
             return self.cloud_dispatch(name, args, csb).await;
         }
@@ -614,7 +630,7 @@ impl WasmboxServer {
                 Err(r) => r,
             }),
             "delete_sandbox" => with_args!(n, args, IdArgs, |a| {
-                match self.wasmbox.sandboxes().delete(&a.id) {
+                match self.wasmbox.sandboxes().delete(&a.id, &self.owner) {
                     Ok(()) => ok_result(json!({"status": "deleted", "id": a.id})),
                     Err(e) => not_found(&e, "id", &a.id),
                 }
@@ -623,7 +639,7 @@ impl WasmboxServer {
                 match self
                     .wasmbox
                     .sandboxes()
-                    .set_timeout(&a.id, a.timeout_seconds)
+                    .set_timeout(&a.id, &self.owner, a.timeout_seconds)
                 {
                     Ok(sb) => ok_result(json!({
                         "id": a.id,
@@ -635,11 +651,11 @@ impl WasmboxServer {
                 }
             }),
             "pause_sandbox" | "resume_sandbox" => with_args!(n, args, IdArgs, |a| {
-                match self
-                    .wasmbox
-                    .sandboxes()
-                    .set_paused(&a.id, name == "pause_sandbox")
-                {
+                match self.wasmbox.sandboxes().set_paused(
+                    &a.id,
+                    &self.owner,
+                    name == "pause_sandbox",
+                ) {
                     Ok(sb) => ok_result(sb.info()),
                     Err(e) => not_found(&e, "id", &a.id),
                 }
@@ -672,12 +688,12 @@ impl WasmboxServer {
             "env_get" | "env_clear" => with_args!(n, args, SandboxArgs, |a| {
                 match self.sandbox(&a.sandbox_id, "sandbox_id") {
                     Ok(sb) => {
-                        let mut env = sb.env.lock().unwrap();
                         if name == "env_clear" {
-                            env.clear();
+                            sb.env.lock().unwrap().clear();
+                            sb.save();
                             ok_result(json!({"status": "cleared"}))
                         } else {
-                            ok_result(json!({"env_vars": *env}))
+                            ok_result(json!({"env_vars": *sb.env.lock().unwrap()}))
                         }
                     }
                     Err(r) => r,
@@ -955,7 +971,7 @@ impl WasmboxServer {
     fn sandbox(&self, id: &str, key: &str) -> Result<Arc<Sandbox>, CallToolResult> {
         self.wasmbox
             .sandboxes()
-            .get(id)
+            .get(id, &self.owner)
             .map_err(|e| not_found(&e, key, id))
     }
 
@@ -1202,6 +1218,7 @@ impl WasmboxServer {
                     timeout,
                     route.internet_access,
                     a.env_vars.clone().unwrap_or_default(),
+                    &self.owner,
                 )
                 .await
             {
@@ -1251,7 +1268,7 @@ impl WasmboxServer {
         match self
             .wasmbox
             .sandboxes()
-            .create(&a.template_id, a.timeout_seconds, env)
+            .create(&a.template_id, a.timeout_seconds, env, &self.owner)
         {
             Ok(sb) => ok_result(json!({
                 "id": sb.id,
@@ -1285,12 +1302,17 @@ impl WasmboxServer {
         let mut data: Vec<Value> = self
             .wasmbox
             .sandboxes()
-            .list()
+            .list(&self.owner)
             .iter()
             .filter(|s| a.status.as_deref().is_none_or(|st| st == s.status()))
             .map(|s| s.info())
             .collect();
-        for c in self.wasmbox.cloud_sandboxes() {
+        for c in self
+            .wasmbox
+            .cloud_sandboxes()
+            .into_iter()
+            .filter(|c| *c.owner == *self.owner)
+        {
             data.push(json!({
                 "sandbox_id": c.id,
                 "template_id": c.template,
@@ -1454,12 +1476,15 @@ impl WasmboxServer {
                 "exception": e.to_string(),
             }));
         }
-        let mut env = sb.env.lock().unwrap();
-        if !a.merge {
-            env.clear();
+        {
+            let mut env = sb.env.lock().unwrap();
+            if !a.merge {
+                env.clear();
+            }
+            env.extend(a.env_vars.clone());
         }
+        sb.save();
         let keys: Vec<&String> = a.env_vars.keys().collect();
-        env.extend(a.env_vars.clone());
         ok_result(json!({
             "status": "success",
             "message": format!("Successfully set {} environment variable(s)", keys.len()),
@@ -1481,7 +1506,7 @@ impl WasmboxServer {
                 "command": a.command,
             }))
         };
-        let sb = match self.wasmbox.sandboxes().get(&a.sandbox_id) {
+        let sb = match self.wasmbox.sandboxes().get(&a.sandbox_id, &self.owner) {
             Ok(sb) => sb,
             Err(e) => {
                 let mut r = not_found(&e, "sandbox_id", &a.sandbox_id);
@@ -1915,11 +1940,32 @@ impl ServerHandler for WasmboxServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let args = request.arguments.unwrap_or_default();
         tracing::debug!(tool = %request.name, "tool call");
-        Ok(self.dispatch(&request.name, args).await.into())
+        // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it sees.
+        let owner = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Owner>());
+        let Some(owner) = owner else {
+            return Ok(self.dispatch(&request.name, args).await.into());
+        };
+        let Ok(_permit) = owner.calls.clone().try_acquire_owned() else {
+            return Ok(error_result(json!({
+                "error": "Too many concurrent calls",
+                "exception": format!(
+                    "this token already has {} tool calls running (its limit; WASMBOX_TOKEN_CONCURRENCY raises it): wait for one to finish",
+                    owner.max_calls
+                ),
+                "error_type": "RateLimitError",
+            }))
+            .into());
+        };
+        let mut this = self.clone();
+        this.owner = owner.id.clone();
+        Ok(this.dispatch(&request.name, args).await.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {

@@ -102,6 +102,19 @@ impl Workspace {
         Ok(Self { root, dir, quota })
     }
 
+    /// Opens the workspace a previous server left at `<parent>/<id>` (restart recovery).
+    pub fn open(parent: &Path, id: &str, quota: Quota) -> io::Result<Self> {
+        let root = parent.join(id);
+        std::fs::create_dir_all(root.join("tmp"))?;
+        let dir = Dir::open_ambient_dir(root.join("workspace"), ambient_authority())?;
+        Ok(Self { root, dir, quota })
+    }
+
+    /// The host directory holding `workspace/`, `tmp/` and the registry's files.
+    pub fn host_root(&self) -> &Path {
+        &self.root
+    }
+
     pub fn host_workspace(&self) -> PathBuf {
         self.root.join("workspace")
     }

@@ -1,19 +1,27 @@
 //! Persistent sandboxes: a registry of ids, each with its own workspace, env, live language
 //! sessions and background jobs, a lifetime, and a reaper that removes expired ones.
 //!
-//! Creating a sandbox starts nothing (two directories and an entry in a map); a language's
-//! session starts on its first execution there.
+//! Creating a sandbox starts nothing (two directories, a small metadata file and an entry in a
+//! map); a language's session starts on its first execution there.
+//!
+//! With a data directory, sandboxes outlive the server process: each one's directory holds a
+//! `meta.json` (template, owner, lifetime, env) and a `lock` file this process keeps locked while
+//! the sandbox is its own. A server that starts (or is asked for an id it does not know) adopts
+//! unexpired sandboxes whose lock it can take — their files, not their interpreters' state — and
+//! removes expired ones. Locks die with their process, so two servers sharing a data directory
+//! never adopt each other's live sandboxes.
 
 pub mod fs;
 pub mod jobs;
 pub mod webhook;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::engine::limits::{Stop, StopReason};
@@ -72,7 +80,15 @@ pub struct SandboxConfig {
     pub max_running_jobs: usize,
     /// Ended jobs kept for listing, per sandbox.
     pub max_kept_jobs: usize,
+    /// Live sandboxes one owner (an HTTP token) may hold.
+    pub max_per_owner: usize,
+    /// Where sandboxes live so that a restarted server finds them (`WASMBOX_DATA`); `None`: a
+    /// private temporary directory removed with the registry.
+    pub data_dir: Option<PathBuf>,
 }
+
+/// The owner of sandboxes created over stdio (one local user).
+pub const LOCAL_OWNER: &str = "local";
 
 /// Why a sandbox operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +123,10 @@ pub enum SandboxError {
     TooManyJobs(usize),
     #[error("process {0:?} not found in this sandbox")]
     JobNotFound(String),
+    #[error(
+        "this token already holds {0} live sandboxes (its limit; WASMBOX_MAX_SANDBOXES_PER_TOKEN raises it): delete one with delete_sandbox, or wait for one to expire"
+    )]
+    TooManyForOwner(usize),
     #[error("creating the sandbox's workspace failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -132,10 +152,63 @@ struct Lifetime {
     paused: bool,
 }
 
+/// What `meta.json` keeps of a sandbox: enough to adopt its files after a restart.
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    id: String,
+    template: String,
+    owner: String,
+    created_at_ms: u64,
+    timeout_secs: u64,
+    expires_at_ms: u64,
+    paused: bool,
+    env: BTreeMap<String, String>,
+}
+
+/// A persistent sandbox's claim on its directory: the locked `lock` file, held while it lives.
+struct Claim {
+    _lock: std::fs::File,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn from_unix_ms(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// Whether `id` has the shape of our ids (`wb` + 32 hex digits), so it is safe as a path part.
+fn valid_id(id: &str) -> bool {
+    id.len() == 34
+        && id.starts_with("wb")
+        && id[2..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Takes the directory's lock without waiting; `None` when another live process holds it.
+fn claim(dir: &Path) -> std::io::Result<Option<Claim>> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    match f.try_lock() {
+        Ok(()) => Ok(Some(Claim { _lock: f })),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
 /// One persistent sandbox.
 pub struct Sandbox {
     pub id: String,
     pub template: &'static Template,
+    /// Who may see and use it: [`LOCAL_OWNER`] over stdio, a token's fingerprint over HTTP.
+    pub owner: String,
+    claim: Option<Claim>,
     pub created_at: SystemTime,
     lifetime: Mutex<Lifetime>,
     pub env: Mutex<BTreeMap<String, String>>,
@@ -198,6 +271,37 @@ impl Sandbox {
 
     pub fn expires_at(&self) -> SystemTime {
         self.lifetime.lock().unwrap().expires_at
+    }
+
+    /// Writes `meta.json` (atomically) when the sandbox is persistent; called after every change
+    /// of lifetime, pause state or env. A failure is logged: the live sandbox is unaffected, only
+    /// a restart would see older settings.
+    pub fn save(&self) {
+        if self.claim.is_none() {
+            return;
+        }
+        let meta = {
+            let l = self.lifetime.lock().unwrap();
+            Meta {
+                id: self.id.clone(),
+                template: self.template.id.to_string(),
+                owner: self.owner.clone(),
+                created_at_ms: unix_ms(self.created_at),
+                timeout_secs: l.timeout.as_secs(),
+                expires_at_ms: unix_ms(l.expires_at),
+                paused: l.paused,
+                env: self.env.lock().unwrap().clone(),
+            }
+        };
+        let dir = self.fs.host_root();
+        let tmp = dir.join("meta.json.tmp");
+        let written = serde_json::to_vec_pretty(&meta)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|()| std::fs::rename(&tmp, dir.join("meta.json")));
+        if let Err(e) = written {
+            tracing::warn!(sandbox = %self.id, "saving the sandbox's metadata: {e}");
+        }
     }
 
     pub fn status(&self) -> &'static str {
@@ -282,33 +386,59 @@ impl Sandbox {
 
     /// Stops everything running in the sandbox and removes its files.
     fn destroy(&self) {
-        self.stop.stop(StopReason::SandboxGone);
-        for j in self.jobs.lock().unwrap().iter() {
-            j.stop.stop(StopReason::SandboxGone);
-        }
+        self.stop_all(StopReason::SandboxGone);
         self.fs.destroy();
+    }
+
+    /// Stops the sandbox's running code and background jobs.
+    pub fn stop_all(&self, why: StopReason) {
+        self.stop.stop(why);
+        for j in self.jobs.lock().unwrap().iter() {
+            j.stop.stop(why);
+        }
     }
 }
 
 /// The registry of live sandboxes.
 pub struct Sandboxes {
     map: Mutex<HashMap<String, Arc<Sandbox>>>,
-    root: tempfile::TempDir,
+    root: Root,
     pub config: SandboxConfig,
 }
 
+enum Root {
+    /// Removed with the registry: sandboxes end with the process.
+    Temp(tempfile::TempDir),
+    /// The data directory's `sandboxes/`: sandboxes outlive the process.
+    Data(PathBuf),
+}
+
 impl Sandboxes {
-    /// A registry whose workspaces live in a private directory removed when it is dropped, and
-    /// its reaper thread, which ends with it.
+    /// A registry and its reaper thread, which ends with it. With a data directory, unexpired
+    /// sandboxes a previous server left there are adopted and expired ones removed.
     pub fn new(config: SandboxConfig) -> std::io::Result<Arc<Self>> {
-        let root = tempfile::Builder::new()
-            .prefix("wasmbox-sandboxes-")
-            .tempdir()?;
+        let root = match &config.data_dir {
+            None => Root::Temp(
+                tempfile::Builder::new()
+                    .prefix("wasmbox-sandboxes-")
+                    .tempdir()?,
+            ),
+            Some(d) => {
+                let dir = d.join("sandboxes");
+                let mut b = std::fs::DirBuilder::new();
+                b.recursive(true);
+                #[cfg(unix)]
+                std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+                b.create(&dir)?;
+                Root::Data(dir)
+            }
+        };
         let me = Arc::new(Self {
             map: Mutex::new(HashMap::new()),
             root,
             config,
         });
+        me.recover();
         let weak = Arc::downgrade(&me);
         std::thread::Builder::new()
             .name("wasmbox-sandbox-reaper".into())
@@ -317,15 +447,127 @@ impl Sandboxes {
     }
 
     pub fn root(&self) -> PathBuf {
-        self.root.path().to_path_buf()
+        match &self.root {
+            Root::Temp(t) => t.path().to_path_buf(),
+            Root::Data(d) => d.clone(),
+        }
     }
 
-    /// Creates a sandbox; nothing runs until code does.
+    fn persistent(&self) -> bool {
+        matches!(self.root, Root::Data(_))
+    }
+
+    /// Adopts every unexpired sandbox left in the data directory by a server that is gone.
+    fn recover(&self) {
+        if !self.persistent() {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(self.root()) else {
+            return;
+        };
+        let mut adopted = 0;
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if let Some(id) = name.to_str().filter(|id| valid_id(id))
+                && self.adopt(id).is_some()
+            {
+                adopted += 1;
+            }
+        }
+        if adopted > 0 {
+            tracing::info!(
+                "found {adopted} sandboxes from an earlier run in {}",
+                self.root().display()
+            );
+        }
+    }
+
+    /// Takes over sandbox `id` from the data directory when no live process holds it: its files
+    /// and settings come back (interpreter state does not); an expired or unreadable one is
+    /// removed instead.
+    fn adopt(&self, id: &str) -> Option<Arc<Sandbox>> {
+        if !self.persistent() || !valid_id(id) {
+            return None;
+        }
+        let dir = self.root().join(id);
+        if !dir.join("meta.json").is_file() {
+            return None;
+        }
+        let claim = match claim(&dir) {
+            Ok(Some(c)) => c,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "locking {}: {e}", dir.display());
+                return None;
+            }
+        };
+        let remove = |why: &str| {
+            tracing::info!(sandbox = %id, "removing a sandbox left by an earlier run: {why}");
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!("removing {}: {e}", dir.display());
+            }
+        };
+        let meta: Meta = match std::fs::read(dir.join("meta.json"))
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(m) => m,
+            Err(e) => {
+                remove(&format!("unreadable meta.json ({e})"));
+                return None;
+            }
+        };
+        let expires_at = from_unix_ms(meta.expires_at_ms);
+        if expires_at <= SystemTime::now() {
+            remove("expired");
+            return None;
+        }
+        let Some(template) = template(&meta.template).filter(|_| meta.id == id) else {
+            remove("metadata does not match");
+            return None;
+        };
+        let fs = match Workspace::open(&self.root(), id, self.config.quota) {
+            Ok(fs) => fs,
+            Err(e) => {
+                remove(&format!("workspace unusable ({e})"));
+                return None;
+            }
+        };
+        let sandbox = Arc::new(Sandbox {
+            id: id.to_string(),
+            template,
+            owner: meta.owner,
+            claim: Some(claim),
+            created_at: from_unix_ms(meta.created_at_ms),
+            lifetime: Mutex::new(Lifetime {
+                timeout: Duration::from_secs(meta.timeout_secs),
+                expires_at,
+                paused: meta.paused,
+            }),
+            env: Mutex::new(meta.env),
+            fs: Arc::new(fs),
+            stop: Arc::new(Stop::default()),
+            python: Default::default(),
+            javascript: Default::default(),
+            jobs: Mutex::new(Vec::new()),
+            executions: AtomicU64::new(0),
+            max_running_jobs: self.config.max_running_jobs,
+            max_kept_jobs: self.config.max_kept_jobs,
+        });
+        tracing::info!(sandbox = %id, "adopted a sandbox from an earlier run (its files; interpreters start afresh)");
+        let mut map = self.map.lock().unwrap();
+        // Another request may have adopted it meanwhile; the lock makes that impossible across
+        // processes, the map check covers this one.
+        Some(map.entry(id.to_string()).or_insert(sandbox).clone())
+    }
+
+    /// Creates a sandbox for `owner`; nothing runs until code does.
     pub fn create(
         &self,
         template_name: &str,
         timeout_secs: Option<i64>,
         env: BTreeMap<String, String>,
+        owner: &str,
     ) -> Result<Arc<Sandbox>, SandboxError> {
         let template = template(template_name)
             .ok_or_else(|| SandboxError::TemplateNotFound(template_name.to_string()))?;
@@ -334,13 +576,30 @@ impl Sandboxes {
         if map.len() >= self.config.max_live {
             return Err(SandboxError::TooMany(self.config.max_live));
         }
+        if map.values().filter(|s| s.owner == owner).count() >= self.config.max_per_owner {
+            return Err(SandboxError::TooManyForOwner(self.config.max_per_owner));
+        }
         // 122 random bits: ids are capabilities, never guessable.
         let id = format!("wb{}", uuid::Uuid::new_v4().simple());
-        let fs = Workspace::create(self.root.path(), &id, self.config.quota)?;
+        let fs = Workspace::create(&self.root(), &id, self.config.quota)?;
+        let claim = if self.persistent() {
+            match claim(fs.host_root()) {
+                Ok(Some(c)) => Some(c),
+                Ok(None) => unreachable!("a new random directory is locked by nobody"),
+                Err(e) => {
+                    fs.destroy();
+                    return Err(e.into());
+                }
+            }
+        } else {
+            None
+        };
         let now = SystemTime::now();
         let sandbox = Arc::new(Sandbox {
             id: id.clone(),
             template,
+            owner: owner.to_string(),
+            claim,
             created_at: now,
             lifetime: Mutex::new(Lifetime {
                 timeout,
@@ -357,6 +616,7 @@ impl Sandboxes {
             max_running_jobs: self.config.max_running_jobs,
             max_kept_jobs: self.config.max_kept_jobs,
         });
+        sandbox.save();
         map.insert(id, sandbox.clone());
         Ok(sandbox)
     }
@@ -371,24 +631,32 @@ impl Sandboxes {
         }
     }
 
-    pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, SandboxError> {
-        let sb = self
-            .map
-            .lock()
-            .unwrap()
-            .get(id)
-            .cloned()
+    /// Sandbox `id` if `owner` owns it; another owner's sandbox is "not found", like one that
+    /// never existed.
+    pub fn get(&self, id: &str, owner: &str) -> Result<Arc<Sandbox>, SandboxError> {
+        let found = self.map.lock().unwrap().get(id).cloned();
+        let sb = found
+            .or_else(|| self.adopt(id))
+            .filter(|sb| sb.owner == owner)
             .ok_or_else(|| SandboxError::NotFound(id.to_string()))?;
         // The reaper runs every second; an expired sandbox is gone from the caller's view now.
         if sb.expires_at() <= SystemTime::now() {
-            self.delete(id).ok();
+            self.remove(id).ok();
             return Err(SandboxError::NotFound(id.to_string()));
         }
         Ok(sb)
     }
 
-    pub fn list(&self) -> Vec<Arc<Sandbox>> {
-        let mut v: Vec<_> = self.map.lock().unwrap().values().cloned().collect();
+    /// `owner`'s sandboxes, oldest first.
+    pub fn list(&self, owner: &str) -> Vec<Arc<Sandbox>> {
+        let mut v: Vec<_> = self
+            .map
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| s.owner == owner)
+            .cloned()
+            .collect();
         v.sort_by_key(|s| s.created_at);
         v
     }
@@ -401,8 +669,13 @@ impl Sandboxes {
         self.len() == 0
     }
 
-    /// Removes a sandbox: its running code is stopped, its files deleted.
-    pub fn delete(&self, id: &str) -> Result<(), SandboxError> {
+    /// Removes `owner`'s sandbox: its running code is stopped, its files deleted.
+    pub fn delete(&self, id: &str, owner: &str) -> Result<(), SandboxError> {
+        self.get(id, owner)?;
+        self.remove(id)
+    }
+
+    fn remove(&self, id: &str) -> Result<(), SandboxError> {
         let sb = self
             .map
             .lock()
@@ -415,20 +688,32 @@ impl Sandboxes {
     }
 
     /// Sets a new lifetime, counted from now.
-    pub fn set_timeout(&self, id: &str, secs: i64) -> Result<Arc<Sandbox>, SandboxError> {
+    pub fn set_timeout(
+        &self,
+        id: &str,
+        owner: &str,
+        secs: i64,
+    ) -> Result<Arc<Sandbox>, SandboxError> {
         let timeout = self.timeout(Some(secs))?;
-        let sb = self.get(id)?;
+        let sb = self.get(id, owner)?;
         {
             let mut l = sb.lifetime.lock().unwrap();
             l.timeout = timeout;
             l.expires_at = SystemTime::now() + timeout;
         }
+        sb.save();
         Ok(sb)
     }
 
-    pub fn set_paused(&self, id: &str, paused: bool) -> Result<Arc<Sandbox>, SandboxError> {
-        let sb = self.get(id)?;
+    pub fn set_paused(
+        &self,
+        id: &str,
+        owner: &str,
+        paused: bool,
+    ) -> Result<Arc<Sandbox>, SandboxError> {
+        let sb = self.get(id, owner)?;
         sb.lifetime.lock().unwrap().paused = paused;
+        sb.save();
         Ok(sb)
     }
 
@@ -445,9 +730,15 @@ impl Sandboxes {
 }
 
 impl Drop for Sandboxes {
+    /// Stops whatever still runs; files go only when they cannot outlive the process.
     fn drop(&mut self) {
+        let persistent = self.persistent();
         for sb in self.map.get_mut().unwrap().values() {
-            sb.destroy();
+            if persistent {
+                sb.stop_all(StopReason::SandboxGone);
+            } else {
+                sb.destroy();
+            }
         }
     }
 }
@@ -458,7 +749,7 @@ fn reap(registry: Weak<Sandboxes>) {
         std::thread::sleep(Duration::from_secs(1));
         let Some(r) = registry.upgrade() else { return };
         for id in r.expired() {
-            if r.delete(&id).is_ok() {
+            if r.remove(&id).is_ok() {
                 tracing::info!(sandbox = %id, "sandbox expired");
             }
         }

@@ -43,7 +43,11 @@ pub async fn server_with_env(env: &[(&str, &str)]) -> Client {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
-        cmd.arg("serve").env(HOST_CANARY.0, HOST_CANARY.1);
+        // Sandboxes in a temporary directory of the server's own unless a test asks for a data
+        // directory (restart tests): no test sees another's leftovers.
+        cmd.arg("serve")
+            .env(HOST_CANARY.0, HOST_CANARY.1)
+            .env("WASMBOX_DATA", "none");
         for (k, v) in &env {
             cmd.env(k, v);
         }
@@ -120,4 +124,82 @@ pub async fn err(c: &Client, tool: &str, args: Value) -> Value {
 pub async fn create_sandbox(c: &Client, args: Value) -> String {
     let v = ok(c, "create_sandbox", args).await;
     v["id"].as_str().expect("an id").to_string()
+}
+
+/// `wasmbox serve` over stdio with extra environment, and its process id (for signals).
+pub async fn server_with_pid(env: &[(&str, &str)]) -> (Client, u32) {
+    prepare();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
+        cmd.arg("serve").env("WASMBOX_DATA", "none");
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+    }))
+    .expect("spawning wasmbox serve");
+    let pid = transport.id().expect("the server's pid");
+    let client = ().serve(transport).await.expect("MCP handshake");
+    (client, pid)
+}
+
+/// `wasmbox serve --http 127.0.0.1:0` as a child process, with its URL read from its stderr.
+pub struct HttpServer {
+    pub child: tokio::process::Child,
+    pub url: String,
+    /// Everything the server wrote to stderr so far.
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl HttpServer {
+    pub async fn start(env: &[(&str, &str)], args: &[&str]) -> Self {
+        prepare();
+        use tokio::io::AsyncBufReadExt;
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(["serve", "--http", "127.0.0.1:0"])
+            .args(args)
+            .env("WASMBOX_DATA", "none")
+            .env(HOST_CANARY.0, HOST_CANARY.1)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawning wasmbox serve --http");
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let url = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                log.lock().unwrap().push_str(&(line.clone() + "\n"));
+                if let Some(url) = line.strip_prefix("wasmbox: listening on ") {
+                    return url.trim().to_string();
+                }
+            }
+            panic!("the server ended before listening: {}", log.lock().unwrap());
+        })
+        .await
+        .expect("the server listens within 60 s");
+        // Keep draining stderr so the server never blocks on a full pipe.
+        let sink = log.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                sink.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        Self { child, url, log }
+    }
+
+    /// An MCP client of rmcp's streamable HTTP transport, with `token` as its bearer token.
+    pub async fn client(&self, token: &str) -> Result<Client, String> {
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(self.url.as_str()).auth_header(token),
+        );
+        ().serve(transport).await.map_err(|e| e.to_string())
+    }
 }

@@ -1,0 +1,283 @@
+//! Faults: a restarted server finds unexpired sandboxes' files again and reaps expired ones; a
+//! dropped client, SIGTERM, a guest trap or a panic inside a host function loses no sandbox's
+//! files, and the server (or its successor) keeps serving.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Client, HttpServer, call, create_sandbox, err, is_error, object, ok};
+use serde_json::{Value, json};
+
+async fn stdio(data: &Path, extra: &[(&str, &str)]) -> (Client, u32) {
+    let mut env = vec![("WASMBOX_DATA", data.to_str().unwrap())];
+    env.extend_from_slice(extra);
+    common::server_with_pid(&env).await
+}
+
+async fn persistent(c: &Client, id: &str, code: &str) -> Value {
+    let r = call(
+        c,
+        "execute_code",
+        json!({"sandbox_id": id, "mode": "persistent", "code": code}),
+    )
+    .await;
+    object(&r)
+}
+
+fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+async fn wait_gone(pid: u32) {
+    for _ in 0..200 {
+        if !alive(pid) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("server {pid} still running");
+}
+
+/// Files written by a tool and by guest code, and env, in a fresh sandbox.
+async fn sandbox_with_state(c: &Client) -> String {
+    let id = create_sandbox(
+        c,
+        json!({"template_id": "code-interpreter", "timeout_seconds": 600}),
+    )
+    .await;
+    ok(
+        c,
+        "file_write",
+        json!({"sandbox_id": id, "path": "/workspace/notes.txt", "content": "from a tool"}),
+    )
+    .await;
+    let v = persistent(
+        c,
+        &id,
+        "open('/workspace/data.csv','w').write('a,b\\n1,2\\n')\nkept = 'in memory'",
+    )
+    .await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    ok(
+        c,
+        "env_set",
+        json!({"sandbox_id": id, "env_vars": {"STAGE": "two"}}),
+    )
+    .await;
+    id
+}
+
+/// What a restarted server must show of that sandbox: files and env back, interpreter fresh.
+async fn check_recovered(c: &Client, id: &str) {
+    let info = ok(c, "get_sandbox", json!({"id": id})).await;
+    assert_eq!(info["template_id"], "code-interpreter", "{info}");
+    let v = ok(
+        c,
+        "file_read",
+        json!({"sandbox_id": id, "path": "/workspace/notes.txt"}),
+    )
+    .await;
+    assert_eq!(v["content"], "from a tool");
+    let v = persistent(
+        c,
+        id,
+        "import os\nprint(open('data.csv').read().splitlines()[1], os.environ.get('STAGE'))\nprint('kept' in globals())",
+    )
+    .await;
+    assert_eq!(v["stdout"], "1,2 two\nFalse\n", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_server_finds_unexpired_sandboxes_and_reaps_expired_ones() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, pid) = stdio(data.path(), &[]).await;
+    let id = sandbox_with_state(&c).await;
+    let short = create_sandbox(&c, json!({"template_id": "python", "timeout_seconds": 2})).await;
+    // The client goes away (as when an assistant restarts): the server ends with stdin.
+    c.cancel().await.unwrap();
+    wait_gone(pid).await;
+    assert!(data.path().join("sandboxes").join(&id).is_dir());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    let (c, _) = stdio(data.path(), &[]).await;
+    check_recovered(&c, &id).await;
+    let listed = ok(&c, "list_sandboxes", json!({})).await;
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["sandbox_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [id.as_str()], "only the unexpired one is back");
+    let e = err(&c, "get_sandbox", json!({"id": short})).await;
+    assert!(e.to_string().contains("not found"), "{e}");
+    assert!(
+        !data.path().join("sandboxes").join(&short).exists(),
+        "the expired sandbox's files are removed"
+    );
+    // And it is a normal sandbox again: delete removes its files.
+    ok(&c, "delete_sandbox", json!({"id": id})).await;
+    assert!(!data.path().join("sandboxes").join(&id).exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_work_loses_no_files() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, pid) = stdio(data.path(), &[]).await;
+    let id = sandbox_with_state(&c).await;
+    // Work in flight: a foreground call and a background job, both writing.
+    let job = ok(
+        &c,
+        "execute_code",
+        json!({"sandbox_id": id, "mode": "background",
+               "code": "import time\nwhile True:\n    open('/workspace/tick','a').write('.')\n    time.sleep(0.05)"}),
+    )
+    .await;
+    assert!(job["process_id"].is_string(), "{job}");
+    let peer = c.peer().clone();
+    let id2 = id.clone();
+    let busy = tokio::spawn(async move {
+        let args =
+            json!({"sandbox_id": id2, "mode": "persistent", "code": "import time; time.sleep(30)"});
+        peer.call_tool(
+            rmcp::model::CallToolRequestParams::new("execute_code")
+                .with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // SAFETY: sending SIGTERM to the child server we started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    wait_gone(pid).await;
+    assert!(
+        busy.await.unwrap().is_err(),
+        "the in-flight call ends with the connection"
+    );
+
+    let (c, _) = stdio(data.path(), &[]).await;
+    check_recovered(&c, &id).await;
+    let v = ok(
+        &c,
+        "file_exists",
+        json!({"sandbox_id": id, "path": "/workspace/tick"}),
+    )
+    .await;
+    assert_eq!(v["exists"], true, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_http_client_mid_call_harms_nobody_else() {
+    let token_a = "fault-token-aaaaaaaaaaaaaaaa";
+    let token_b = "fault-token-bbbbbbbbbbbbbbbb";
+    let data = tempfile::tempdir().unwrap();
+    let tokens = format!("{token_a},{token_b}");
+    let server = HttpServer::start(
+        &[
+            ("WASMBOX_TOKEN", tokens.as_str()),
+            ("WASMBOX_DATA", data.path().to_str().unwrap()),
+        ],
+        &[],
+    )
+    .await;
+    let a = server.client(token_a).await.unwrap();
+    let b = server.client(token_b).await.unwrap();
+    let id = sandbox_with_state(&a).await;
+
+    // A starts a long call and vanishes mid-call.
+    let peer = a.peer().clone();
+    let id2 = id.clone();
+    let inflight = tokio::spawn(async move {
+        let args =
+            json!({"sandbox_id": id2, "mode": "persistent", "code": "import time; time.sleep(20)"});
+        peer.call_tool(
+            rmcp::model::CallToolRequestParams::new("execute_code")
+                .with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    inflight.abort();
+    drop(a);
+
+    // B is served meanwhile.
+    for i in 0..5 {
+        let v = ok(&b, "execute_code", json!({"code": format!("print({i})")})).await;
+        assert_eq!(v["stdout"], format!("{i}\n"));
+    }
+    // A reconnects: the sandbox and its files are there.
+    let a = server.client(token_a).await.unwrap();
+    let v = ok(
+        &a,
+        "file_read",
+        json!({"sandbox_id": id, "path": "/workspace/notes.txt"}),
+    )
+    .await;
+    assert_eq!(v["content"], "from a tool");
+    assert!(server.child.id().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_trap_and_a_host_panic_lose_no_files_and_the_server_serves_on() {
+    let data = tempfile::tempdir().unwrap();
+    // The failpoint makes the host's stdout implementation (behind WASI fd_write) panic when a
+    // guest writes the marker: a panic inside a host function, on a guest thread.
+    let (c, _) = stdio(data.path(), &[("WASMBOX_FAILPOINTS", "stdout-panic")]).await;
+    let id = sandbox_with_state(&c).await;
+
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"sandbox_id": id, "mode": "persistent",
+               "code": "print('wasmbox-failpoint-panic', flush=True)"}),
+    )
+    .await;
+    assert!(is_error(&r), "{:?}", r.content);
+    assert!(
+        object(&r).to_string().contains("host panic"),
+        "{:?}",
+        r.content
+    );
+
+    // A trap (stack overflow in JavaScript) in the same sandbox.
+    let v = object(
+        &call(
+            &c,
+            "execute_code",
+            json!({"sandbox_id": id, "mode": "persistent", "language": "javascript",
+                   "code": "function f(n) { return f(n + 1) + 1 } f(0)"}),
+        )
+        .await,
+    );
+    assert_ne!(v["exit_code"], 0, "{v}");
+
+    // Files, env and the sandbox survive; new sessions start; one-shots are served.
+    check_recovered(&c, &id).await;
+    let v = ok(&c, "execute_code", json!({"code": "print('next')"})).await;
+    assert_eq!(v["stdout"], "next\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_servers_on_one_data_dir_never_take_each_others_live_sandboxes() {
+    let data = tempfile::tempdir().unwrap();
+    let (first, first_pid) = stdio(data.path(), &[]).await;
+    let id = sandbox_with_state(&first).await;
+
+    let (second, _) = stdio(data.path(), &[]).await;
+    let e = err(&second, "get_sandbox", json!({"id": id})).await;
+    assert!(e.to_string().contains("not found"), "{e}");
+    assert_eq!(
+        ok(&second, "list_sandboxes", json!({})).await["data"],
+        json!([])
+    );
+    // The first keeps using it.
+    let v = persistent(&first, &id, "print(kept)").await;
+    assert_eq!(v["stdout"], "in memory\n");
+
+    // When the first server is gone, the second adopts the sandbox on its next use.
+    first.cancel().await.unwrap();
+    wait_gone(first_pid).await;
+    check_recovered(&second, &id).await;
+}
