@@ -1,24 +1,60 @@
-"""Smoke test with the official MCP Python SDK (a client we did not write) against `wasmbox serve`.
+"""Smoke test with the official MCP Python SDK (a client we did not write) against `wasmbox serve`,
+over stdio or (with --http) over streamable HTTP with a bearer token.
 
-Usage: python scripts/mcp_smoke.py [path/to/wasmbox]   (needs `pip install mcp`)
+Usage: python scripts/mcp_smoke.py [--http] [path/to/wasmbox]   (needs `pip install mcp`)
 """
 
 import asyncio
+import contextlib
 import json
 import os
+import secrets
+import subprocess
 import sys
 
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-BIN = sys.argv[1] if len(sys.argv) > 1 else "target/release/wasmbox"
+HTTP = "--http" in sys.argv
+ARGS = [a for a in sys.argv[1:] if a != "--http"]
+BIN = ARGS[0] if ARGS else "target/release/wasmbox"
+
+
+@contextlib.asynccontextmanager
+async def connect():
+    # The SDK starts servers with a minimal environment; pass wasmbox's own settings through.
+    env = {k: v for k, v in os.environ.items() if k.startswith("WASMBOX_") or k in ("HOME", "PATH")}
+    if not HTTP:
+        async with stdio_client(StdioServerParameters(command=BIN, args=["serve"], env=env)) as (r, w):
+            yield r, w
+        return
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    token = "smoke-" + secrets.token_hex(16)
+    proc = subprocess.Popen([BIN, "serve", "--http", "127.0.0.1:0"], env={**env, "WASMBOX_TOKEN": token},
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stderr:
+            if line.startswith("wasmbox: listening on "):
+                url = line.split()[-1]
+                break
+        assert url, "the server did not start"
+        print("http:", url)
+        # Without the token the server answers 401.
+        async with create_mcp_http_client() as plain:
+            r = await plain.post(url, json={})
+            print("ok  " if r.status_code == 401 else "FAIL", "no token ->", r.status_code)
+        async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as client:
+            async with streamable_http_client(url, http_client=client) as streams:
+                yield streams[0], streams[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 async def main() -> int:
-    # The SDK starts servers with a minimal environment; pass wasmbox's own settings through.
-    env = {k: v for k, v in os.environ.items() if k.startswith("WASMBOX_") or k in ("HOME", "PATH")}
-    params = StdioServerParameters(command=BIN, args=["serve"], env=env)
-    async with stdio_client(params) as (read, write):
+    async with connect() as (read, write):
         async with ClientSession(read, write) as session:
             init = await session.initialize()
             print("server:", init.server_info.name, init.server_info.version)
