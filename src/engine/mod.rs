@@ -31,8 +31,13 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// With `pooled_instances` > 0 the engine uses wasmtime's pooling allocator with that many
 /// slots: instance memories are reused and reset with `madvise` instead of being mapped and
 /// unmapped per sandbox, which takes the process-wide mmap write lock and stalls every other
-/// guest's page faults. Each slot reserves (not commits) `max_memory` of address space.
-pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> {
+/// guest's page faults. Each slot reserves (not commits) `max_memory` of address space, and keeps
+/// up to `keep_resident` bytes of a finished guest's memory resident for the next one.
+pub fn build_engine(
+    pooled_instances: u32,
+    max_memory: usize,
+    keep_resident: usize,
+) -> Result<Engine> {
     let mut config = base_config(Strategy::Cranelift);
     if pooled_instances > 0 {
         let mut pool = wasmtime::PoolingAllocationConfig::new();
@@ -45,6 +50,14 @@ pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> 
             // CPython's instance context (one funcref per table entry) is over 1 MiB.
             .max_core_instance_size(8 << 20)
             .max_memory_size(max_memory);
+        if keep_resident > 0 {
+            // With PAGEMAP_SCAN (Linux 6.7+) only the pages a guest dirtied are reset, by copying
+            // them back from the image, instead of unmapping the slot: teardown skips the
+            // page-table work and the next instance in the slot skips its first-touch faults.
+            pool.linear_memory_keep_resident(keep_resident)
+                .table_keep_resident(1 << 20)
+                .pagemap_scan(wasmtime::Enabled::Auto);
+        }
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
     }
     let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;

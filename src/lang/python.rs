@@ -130,12 +130,18 @@ del os, sys, types, _wb
 /// share between all instances, and goes once through `_wasmbox.run` (env, cwd, compile, exec,
 /// print) so the pages the caller's turn needs are already copied-on-write. It must stay cheap: the pool-empty path runs it on the request.
 /// (Kept out of the prologue so that changing it does not rebuild the image.)
-const WARM_TURN: &str = "import random as _r, sys as _s\n\
-_r.seed()\n\
-_np = _s.modules.get('numpy')\n\
-if _np is not None: _np.random.seed()\n\
-del _r, _s, _np\n\
-__import__('_wasmbox').run(\"print('', end='')\", False, {})\n";
+static WARM_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "import random as _r, sys as _s\n\
+         _r.seed()\n\
+         _np = _s.modules.get('numpy')\n\
+         if _np is not None: _np.random.seed()\n\
+         del _r, _s, _np\n\
+         __import__('_wasmbox').run(\"print('', end='')\", False, {})\n",
+        // The base environment, so that a one-shot that brings none needs no env of its own.
+        literal(&BASE_ENV.iter().copied().collect::<BTreeMap<_, _>>())
+    )
+});
 
 /// Packages imported into the pre-initialised image by default.
 pub const DEFAULT_PREIMPORT: &[&str] = &[
@@ -412,10 +418,10 @@ impl Shared {
             Guest::unarmed_in(&self.engine, &self.paths.spec(), &BTreeMap::new(), place)?;
         let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
         let warm = if self.image {
-            run_turn(&mut guest.store, &instance, WARM_TURN)
+            run_turn(&mut guest.store, &instance, &WARM_TURN)
         } else {
             prologue(&mut guest.store, &instance)
-                .and_then(|()| run_turn(&mut guest.store, &instance, WARM_TURN))
+                .and_then(|()| run_turn(&mut guest.store, &instance, &WARM_TURN))
         };
         warm.map_err(|e| {
             Error::Engine(format!(
@@ -559,6 +565,15 @@ fn run_turn(
 /// The user turn: the caller's code as a string literal (a JSON string is a valid Python one
 /// with the same value), run by the prologue's `_wasmbox.run` with the call's environment.
 fn user_turn(req: &ExecRequest) -> String {
+    if req.place.is_none() && req.env.is_empty() {
+        // A fresh instance from the pool already has the base env (its warm-up turn set it), so
+        // the turn is shorter to parse and skips rewriting the environment.
+        return format!(
+            "__import__('_wasmbox').run({}, {})",
+            literal(&req.code),
+            if req.echo { "True" } else { "False" },
+        );
+    }
     let cwd = req
         .place
         .as_ref()
