@@ -241,6 +241,45 @@ async fn a_guest_trap_and_a_host_panic_lose_no_files_and_the_server_serves_on() 
         r.content
     );
 
+    // The same panic in a one-shot (a pooled instance on a guest thread) and in a background
+    // job (a thread of its own): each fails alone, with a clear message.
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "print('wasmbox-failpoint-panic', flush=True)"}),
+    )
+    .await;
+    assert!(is_error(&r), "{:?}", r.content);
+    assert!(object(&r).to_string().contains("host panic"));
+    let job = ok(
+        &c,
+        "execute_code",
+        json!({"sandbox_id": id, "mode": "background",
+               "code": "print('wasmbox-failpoint-panic', flush=True)"}),
+    )
+    .await;
+    let pid = job["process_id"].as_str().unwrap().to_string();
+    let mut status = Value::Null;
+    for _ in 0..100 {
+        let list = ok(&c, "execute_list_processes", json!({"sandbox_id": id})).await;
+        status = list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["process_id"] == pid.as_str())
+            .cloned()
+            .unwrap();
+        if status["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status["status"], "failed", "{status}");
+    assert!(
+        status["stderr"].as_str().unwrap().contains("panicked"),
+        "{status}"
+    );
+
     // A trap (stack overflow in JavaScript) in the same sandbox.
     let v = object(
         &call(
