@@ -755,3 +755,98 @@ fn reap(registry: Weak<Sandboxes>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(data: &Path) -> SandboxConfig {
+        SandboxConfig {
+            default_timeout: Duration::from_secs(600),
+            max_timeout: Duration::from_secs(3600),
+            max_live: 8,
+            quota: Quota {
+                max_bytes: 1 << 20,
+                max_entries: 100,
+            },
+            max_running_jobs: 1,
+            max_kept_jobs: 1,
+            max_per_owner: 2,
+            data_dir: Some(data.to_path_buf()),
+        }
+    }
+
+    #[test]
+    fn ids_are_checked_before_they_become_paths() {
+        assert!(valid_id("wb0123456789abcdef0123456789abcdef"));
+        for bad in [
+            "",
+            "..",
+            "wb../../../../etc/passwd000000000000",
+            "wb0123456789ABCDEF0123456789abcdef",
+            "xx0123456789abcdef0123456789abcdef",
+            "wb0123456789abcdef0123456789abcde",
+        ] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_new_registry_adopts_what_a_dropped_one_left_and_removes_the_expired() {
+        let data = tempfile::tempdir().unwrap();
+        let (kept, expired) = {
+            let r = Sandboxes::new(config(data.path())).unwrap();
+            let mut env = BTreeMap::new();
+            env.insert("K".to_string(), "v".to_string());
+            let kept = r.create("python", Some(60), env, "token-a").unwrap();
+            std::fs::write(kept.fs.host_workspace().join("f.txt"), "data").unwrap();
+            let expired = r
+                .create("python", Some(1), BTreeMap::new(), "token-a")
+                .unwrap();
+            // Over the per-owner limit; another owner is not.
+            assert!(matches!(
+                r.create("python", None, BTreeMap::new(), "token-a"),
+                Err(SandboxError::TooManyForOwner(2))
+            ));
+            r.create("go", None, BTreeMap::new(), "token-b").unwrap();
+            (kept.id.clone(), expired.id.clone())
+        };
+        std::thread::sleep(Duration::from_millis(1100));
+        let r = Sandboxes::new(config(data.path())).unwrap();
+        let sb = r.get(&kept, "token-a").unwrap();
+        assert_eq!(sb.template.id, "python");
+        assert_eq!(sb.env.lock().unwrap()["K"], "v");
+        assert_eq!(
+            std::fs::read_to_string(sb.fs.host_workspace().join("f.txt")).unwrap(),
+            "data"
+        );
+        assert!(matches!(
+            r.get(&kept, "token-b"),
+            Err(SandboxError::NotFound(_))
+        ));
+        assert!(r.get(&expired, "token-a").is_err());
+        assert!(!data.path().join("sandboxes").join(&expired).exists());
+        assert_eq!(r.list("token-a").len(), 1);
+        assert_eq!(r.list("token-b").len(), 1);
+
+        // A second live registry on the same directory cannot take them.
+        let other = Sandboxes::new(config(data.path())).unwrap();
+        assert!(other.get(&kept, "token-a").is_err());
+        assert!(other.list("token-a").is_empty());
+    }
+
+    #[test]
+    fn without_a_data_dir_sandboxes_end_with_the_registry() {
+        let mut c = config(Path::new("/nonexistent"));
+        c.data_dir = None;
+        let r = Sandboxes::new(c).unwrap();
+        let sb = r
+            .create("python", None, BTreeMap::new(), LOCAL_OWNER)
+            .unwrap();
+        let root = sb.fs.host_root().to_path_buf();
+        assert!(root.is_dir());
+        drop(sb);
+        drop(r);
+        assert!(!root.exists());
+    }
+}
