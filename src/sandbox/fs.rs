@@ -349,7 +349,9 @@ impl Workspace {
             }
             // Through a cap-std `Dir` like the workspace: the guest can plant symlinks in its
             // /tmp (relative ones that climb out), which an ambient create_dir_all would follow.
-            let rel = path.trim_start_matches("/tmp").trim_start_matches('/');
+            // The prefix once: trim_start_matches("/tmp") would make "/tmp/tmp/x" "x".
+            let rel = path.strip_prefix("/tmp").unwrap_or_default();
+            let rel = rel.trim_start_matches('/');
             let p = GuestPath {
                 rel: PathBuf::from(if rel.is_empty() { "." } else { rel }),
                 guest: path.trim_end_matches('/').to_string(),
@@ -493,6 +495,9 @@ mod tests {
         assert_eq!(w.working_dir("/tmp/in/c").unwrap(), "/tmp/in/c");
         assert!(w.host_tmp().join("real/c").is_dir());
         assert_eq!(w.working_dir("/tmp").unwrap(), "/tmp");
+        // The directory made is the one named, also when a name repeats the prefix.
+        assert_eq!(w.working_dir("/tmp/tmp/x").unwrap(), "/tmp/tmp/x");
+        assert!(w.host_tmp().join("tmp/x").is_dir());
         assert!(matches!(
             w.working_dir("/tmp/../x"),
             Err(FsError::Escape(_))
