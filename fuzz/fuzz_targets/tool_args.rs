@@ -10,7 +10,7 @@
 //!    keys are mostly the tools' real parameter names.
 //!
 //! Tool calls (from 1 and 3) of the tools that run no code go to a real `WasmboxServer`
-//! (offline, no runtimes, sandboxes in a temp dir): its answer must be a tool result with a JSON
+//! (offline, no runtimes, sandboxes in a temp dir, stdio's owner): its answer must be a tool result with a JSON
 //! object, and one with `isError` must carry an `error` key. Where the arguments do not parse,
 //! the answer is the parser's error. A string "SANDBOX" as `sandbox_id` or `id` is replaced with
 //! the id of a live sandbox, so the fuzzer reaches past the lookup. The tools that run code
@@ -30,6 +30,7 @@ use serde_json::{Map, Value};
 use tokio_util::codec::Decoder;
 use wasmbox::mcp::WasmboxServer;
 use wasmbox::mcp::tools::fuzz_args::{TOOL_NAMES, parse_tool_args};
+use wasmbox::sandbox::LOCAL_OWNER;
 
 const PLACEHOLDER: &str = "SANDBOX";
 
@@ -51,6 +52,9 @@ fn fixture() -> &'static Fixture {
         config.cloud.api_key = None;
         config.cloud.offline = true;
         config.sandbox.max_live = 4;
+        config.sandbox.max_per_owner = 4;
+        // Sandboxes in a temporary directory (under TMPDIR), not the user's data directory.
+        config.sandbox.data_dir = None;
         config.sandbox.quota.max_bytes = 1 << 20;
         config.sandbox.quota.max_entries = 100;
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -73,11 +77,11 @@ fn fixture() -> &'static Fixture {
 /// No sandbox but one fresh one, whose id is returned.
 fn reset(f: &Fixture) -> String {
     let sandboxes = f.wasmbox.sandboxes();
-    for sb in sandboxes.list() {
-        let _ = sandboxes.delete(&sb.id);
+    for sb in sandboxes.list(LOCAL_OWNER) {
+        let _ = sandboxes.delete(&sb.id, LOCAL_OWNER);
     }
     sandboxes
-        .create("code-interpreter", Some(600), BTreeMap::new())
+        .create("code-interpreter", Some(600), BTreeMap::new(), LOCAL_OWNER)
         .expect("creating the fixture sandbox")
         .id
         .clone()
