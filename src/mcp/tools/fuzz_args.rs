@@ -107,7 +107,9 @@ mod tests {
 
     #[test]
     fn knows_every_listed_tool() {
-        let wb = Wasmbox::new(crate::Config::from_env()).unwrap();
+        let mut config = crate::Config::from_env();
+        config.sandbox.data_dir = None;
+        let wb = Wasmbox::new(config).unwrap();
         let server = WasmboxServer::new(wb);
         for t in server.tools.iter() {
             assert!(TOOL_NAMES.contains(&t.name.as_ref()), "{} missing", t.name);
