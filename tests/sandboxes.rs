@@ -262,6 +262,47 @@ async fn paths_that_escape_the_workspace_are_refused() {
     c.cancel().await.unwrap();
 }
 
+/// A guest may plant a symlink in its /tmp whose relative target climbs out (WASI refuses only
+/// absolute targets); a `working_dir` through it must not make a directory on the host.
+#[tokio::test]
+async fn tmp_working_dir_through_a_guest_symlink_is_refused() {
+    let host = tempfile::tempdir().unwrap();
+    let c = server_with_env(&[("TMPDIR", host.path().to_str().unwrap())]).await;
+    let id = create_sandbox(&c, json!({})).await;
+    // Up to the host's / from wherever the sandbox lives, then down to the test's directory.
+    let target = format!(
+        "{}{}",
+        "../".repeat(32),
+        host.path().to_str().unwrap().trim_start_matches('/')
+    );
+    let code =
+        format!("import os\nos.symlink({target:?}, '/tmp/out')\nprint(os.readlink('/tmp/out'))");
+    let r = run(&c, &id, "python", &code).await;
+    assert_eq!(r["stdout"], format!("{target}\n"), "{r}");
+    for wd in ["/tmp/out/escaped", "/tmp/out/escaped/deeper", "/tmp/out"] {
+        let e = err(
+            &c,
+            "execute_code",
+            json!({"mode": "persistent", "sandbox_id": id, "code": "1", "working_dir": wd}),
+        )
+        .await;
+        assert_eq!(e["error"], "Path not allowed", "{wd}: {e}");
+    }
+    assert!(
+        !host.path().join("escaped").exists(),
+        "a directory was made outside the sandbox"
+    );
+    // A working directory inside /tmp still works.
+    let r = ok(
+        &c,
+        "execute_code",
+        json!({"mode": "persistent", "sandbox_id": id, "code": "import os; print(os.getcwd())", "working_dir": "/tmp/w/x"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "/tmp/w/x\n", "{r}");
+    c.cancel().await.unwrap();
+}
+
 #[tokio::test]
 async fn background_jobs_complete_are_listed_and_can_be_killed() {
     let c = server().await;

@@ -1972,3 +1972,6 @@ impl ServerHandler for WasmboxServer {
         self.tools.iter().find(|t| t.name == name).cloned()
     }
 }
+
+#[doc(hidden)]
+pub mod fuzz_args;

@@ -67,6 +67,12 @@ impl GuestPath {
     pub fn guest(&self) -> &str {
         &self.guest
     }
+
+    /// The path relative to the workspace root ("." for the root), as the `Dir` is given it.
+    #[doc(hidden)]
+    pub fn rel(&self) -> &Path {
+        &self.rel
+    }
 }
 
 /// One directory entry, in the shape of HOPX's `file_list`.
@@ -341,14 +347,28 @@ impl Workspace {
             if path.split('/').any(|c| c == "..") {
                 return Err(FsError::Escape(path.to_string()));
             }
-            let host = self
-                .host_tmp()
-                .join(path.trim_start_matches("/tmp").trim_start_matches('/'));
-            std::fs::create_dir_all(&host).map_err(|source| FsError::Io {
-                path: path.to_string(),
-                source,
-            })?;
-            return Ok(path.trim_end_matches('/').to_string());
+            // Through a cap-std `Dir` like the workspace: the guest can plant symlinks in its
+            // /tmp (relative ones that climb out), which an ambient create_dir_all would follow.
+            // The prefix once: trim_start_matches("/tmp") would make "/tmp/tmp/x" "x".
+            let rel = path.strip_prefix("/tmp").unwrap_or_default();
+            let rel = rel.trim_start_matches('/');
+            let p = GuestPath {
+                rel: PathBuf::from(if rel.is_empty() { "." } else { rel }),
+                guest: path.trim_end_matches('/').to_string(),
+            };
+            let tmp = Dir::open_ambient_dir(self.host_tmp(), ambient_authority())
+                .map_err(|e| io_err(&p, e))?;
+            if let Err(e) = tmp.create_dir_all(&p.rel)
+                && e.kind() != io::ErrorKind::AlreadyExists
+            {
+                return Err(io_err(&p, e));
+            }
+            // An existing entry (or a symlink) must be a directory inside /tmp.
+            return match tmp.metadata(&p.rel) {
+                Ok(m) if m.is_dir() => Ok(p.guest),
+                Ok(_) => Err(FsError::NotADirectory(p.guest)),
+                Err(e) => Err(io_err(&p, e)),
+            };
         }
         let p = self.resolve(path)?;
         if p.rel != Path::new(".") {
@@ -451,6 +471,37 @@ mod tests {
             assert!(w.write(p, b"x").is_err(), "{p}");
         }
         assert!(w.list("out").is_err());
+    }
+
+    #[test]
+    fn tmp_working_dir_does_not_follow_symlinks_out() {
+        // A guest can plant a symlink in its /tmp (a relative target that climbs out); a
+        // working directory under it must not create anything outside the sandbox.
+        let (t, w) = ws();
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink("../../outside", w.host_tmp().join("up")).unwrap();
+        std::os::unix::fs::symlink(&outside, w.host_tmp().join("abs")).unwrap();
+        for p in ["/tmp/up/x", "/tmp/abs/x", "/tmp/up", "/tmp/abs/"] {
+            let r = w.working_dir(p);
+            assert!(matches!(r, Err(FsError::SymlinkEscape(_))), "{p}: {r:?}");
+        }
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        // Inside /tmp, directories are still created, also through a symlink that stays in.
+        std::fs::create_dir(w.host_tmp().join("real")).unwrap();
+        std::os::unix::fs::symlink("real", w.host_tmp().join("in")).unwrap();
+        assert_eq!(w.working_dir("/tmp/a/b/").unwrap(), "/tmp/a/b");
+        assert!(w.host_tmp().join("a/b").is_dir());
+        assert_eq!(w.working_dir("/tmp/in/c").unwrap(), "/tmp/in/c");
+        assert!(w.host_tmp().join("real/c").is_dir());
+        assert_eq!(w.working_dir("/tmp").unwrap(), "/tmp");
+        // The directory made is the one named, also when a name repeats the prefix.
+        assert_eq!(w.working_dir("/tmp/tmp/x").unwrap(), "/tmp/tmp/x");
+        assert!(w.host_tmp().join("tmp/x").is_dir());
+        assert!(matches!(
+            w.working_dir("/tmp/../x"),
+            Err(FsError::Escape(_))
+        ));
     }
 
     #[test]
