@@ -533,18 +533,49 @@ impl Sandboxes {
                 return None;
             }
         };
-        let sandbox = Arc::new(Sandbox {
-            id: id.to_string(),
+        let sandbox = self.sandbox(
+            id.to_string(),
             template,
-            owner: meta.owner,
-            claim: Some(claim),
-            created_at: from_unix_ms(meta.created_at_ms),
-            lifetime: Mutex::new(Lifetime {
+            meta.owner,
+            Some(claim),
+            from_unix_ms(meta.created_at_ms),
+            Lifetime {
                 timeout: Duration::from_secs(meta.timeout_secs),
                 expires_at,
                 paused: meta.paused,
-            }),
-            env: Mutex::new(meta.env),
+            },
+            meta.env,
+            fs,
+        );
+        tracing::info!(sandbox = %id, "adopted a sandbox from an earlier run (its files; interpreters start afresh)");
+        let mut map = self.map.lock().unwrap();
+        // Another request may have adopted it meanwhile; the lock makes that impossible across
+        // processes, the map check covers this one.
+        Some(map.entry(id.to_string()).or_insert(sandbox).clone())
+    }
+
+    /// A sandbox with nothing running yet, new or adopted: what differs between the two is
+    /// passed in, the rest (sessions, jobs, limits) starts empty from the registry's config.
+    #[allow(clippy::too_many_arguments)]
+    fn sandbox(
+        &self,
+        id: String,
+        template: &'static Template,
+        owner: String,
+        claim: Option<Claim>,
+        created_at: SystemTime,
+        lifetime: Lifetime,
+        env: BTreeMap<String, String>,
+        fs: Workspace,
+    ) -> Arc<Sandbox> {
+        Arc::new(Sandbox {
+            id,
+            template,
+            owner,
+            claim,
+            created_at,
+            lifetime: Mutex::new(lifetime),
+            env: Mutex::new(env),
             fs: Arc::new(fs),
             stop: Arc::new(Stop::default()),
             python: Default::default(),
@@ -553,12 +584,7 @@ impl Sandboxes {
             executions: AtomicU64::new(0),
             max_running_jobs: self.config.max_running_jobs,
             max_kept_jobs: self.config.max_kept_jobs,
-        });
-        tracing::info!(sandbox = %id, "adopted a sandbox from an earlier run (its files; interpreters start afresh)");
-        let mut map = self.map.lock().unwrap();
-        // Another request may have adopted it meanwhile; the lock makes that impossible across
-        // processes, the map check covers this one.
-        Some(map.entry(id.to_string()).or_insert(sandbox).clone())
+        })
     }
 
     /// Creates a sandbox for `owner`; nothing runs until code does.
@@ -595,27 +621,20 @@ impl Sandboxes {
             None
         };
         let now = SystemTime::now();
-        let sandbox = Arc::new(Sandbox {
-            id: id.clone(),
+        let sandbox = self.sandbox(
+            id.clone(),
             template,
-            owner: owner.to_string(),
+            owner.to_string(),
             claim,
-            created_at: now,
-            lifetime: Mutex::new(Lifetime {
+            now,
+            Lifetime {
                 timeout,
                 expires_at: now + timeout,
                 paused: false,
-            }),
-            env: Mutex::new(env),
-            fs: Arc::new(fs),
-            stop: Arc::new(Stop::default()),
-            python: Default::default(),
-            javascript: Default::default(),
-            jobs: Mutex::new(Vec::new()),
-            executions: AtomicU64::new(0),
-            max_running_jobs: self.config.max_running_jobs,
-            max_kept_jobs: self.config.max_kept_jobs,
-        });
+            },
+            env,
+            fs,
+        );
         sandbox.save();
         map.insert(id, sandbox.clone());
         Ok(sandbox)
