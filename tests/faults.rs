@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Client, HttpServer, call, create_sandbox, err, is_error, object, ok};
+use common::{Client, HttpServer, call, create_sandbox, err, is_error, object, ok, spawn_call};
 use serde_json::{Value, json};
 
 async fn stdio(data: &Path, extra: &[(&str, &str)]) -> (Client, u32) {
@@ -137,17 +137,11 @@ async fn sigterm_during_work_loses_no_files() {
     )
     .await;
     assert!(job["process_id"].is_string(), "{job}");
-    let peer = c.peer().clone();
-    let id2 = id.clone();
-    let busy = tokio::spawn(async move {
-        let args =
-            json!({"sandbox_id": id2, "mode": "persistent", "code": "import time; time.sleep(30)"});
-        peer.call_tool(
-            rmcp::model::CallToolRequestParams::new("execute_code")
-                .with_arguments(args.as_object().unwrap().clone()),
-        )
-        .await
-    });
+    let busy = spawn_call(
+        &c,
+        "execute_code",
+        json!({"sandbox_id": id, "mode": "persistent", "code": "import time; time.sleep(30)"}),
+    );
     tokio::time::sleep(Duration::from_millis(800)).await;
     // SAFETY: sending SIGTERM to the child server we started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
@@ -187,17 +181,11 @@ async fn a_dropped_http_client_mid_call_harms_nobody_else() {
     let id = sandbox_with_state(&a).await;
 
     // A starts a long call and vanishes mid-call.
-    let peer = a.peer().clone();
-    let id2 = id.clone();
-    let inflight = tokio::spawn(async move {
-        let args =
-            json!({"sandbox_id": id2, "mode": "persistent", "code": "import time; time.sleep(20)"});
-        peer.call_tool(
-            rmcp::model::CallToolRequestParams::new("execute_code")
-                .with_arguments(args.as_object().unwrap().clone()),
-        )
-        .await
-    });
+    let inflight = spawn_call(
+        &a,
+        "execute_code",
+        json!({"sandbox_id": id, "mode": "persistent", "code": "import time; time.sleep(20)"}),
+    );
     tokio::time::sleep(Duration::from_millis(800)).await;
     inflight.abort();
     drop(a);

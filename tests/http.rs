@@ -146,18 +146,11 @@ async fn per_token_limits_on_sandboxes_and_concurrent_calls() {
 
     // One call at a time per token: a second call while the first runs is refused at once,
     // another token is unaffected, and the token can call again when the first is done.
-    let slow = {
-        let peer = alice.peer().clone();
-        tokio::spawn(async move {
-            let args = json!({"code": "import time; time.sleep(3); print('done')"});
-            peer.call_tool(
-                rmcp::model::CallToolRequestParams::new("execute_code")
-                    .with_arguments(args.as_object().unwrap().clone()),
-            )
-            .await
-            .unwrap()
-        })
-    };
+    let slow = common::spawn_call(
+        &alice,
+        "execute_code",
+        json!({"code": "import time; time.sleep(3); print('done')"}),
+    );
     tokio::time::sleep(Duration::from_millis(800)).await;
     let r = call(&alice, "execute_code", json!({"code": "print(1)"})).await;
     assert!(is_error(&r), "second concurrent call: {:?}", r.content);
@@ -171,7 +164,7 @@ async fn per_token_limits_on_sandboxes_and_concurrent_calls() {
     );
     let v = ok(&bob, "execute_code", json!({"code": "print(2)"})).await;
     assert_eq!(v["stdout"], "2\n");
-    let first = slow.await.unwrap();
+    let first = slow.await.unwrap().unwrap();
     assert!(!is_error(&first));
     assert_eq!(object(&first)["stdout"], "done\n");
     let v = ok(&alice, "execute_code", json!({"code": "print(3)"})).await;

@@ -37,25 +37,7 @@ pub type Client = RunningService<RoleClient, ()>;
 
 /// Starts `wasmbox serve` with extra environment and connects an MCP client to it.
 pub async fn server_with_env(env: &[(&str, &str)]) -> Client {
-    prepare();
-    let env: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
-        // Sandboxes in a temporary directory of the server's own unless a test asks for a data
-        // directory (restart tests): no test sees another's leftovers.
-        cmd.arg("serve")
-            .env(HOST_CANARY.0, HOST_CANARY.1)
-            .env("WASMBOX_DATA", "none");
-        for (k, v) in &env {
-            cmd.env(k, v);
-        }
-    }))
-    .expect("spawning wasmbox serve");
-    ().serve(transport)
-        .await
-        .expect("MCP handshake with wasmbox serve")
+    server_with_pid(env).await.0
 }
 
 pub async fn server() -> Client {
@@ -134,15 +116,34 @@ pub async fn server_with_pid(env: &[(&str, &str)]) -> (Client, u32) {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
-        cmd.arg("serve").env("WASMBOX_DATA", "none");
+        // Sandboxes in a temporary directory of the server's own unless a test asks for a data
+        // directory (restart tests): no test sees another's leftovers.
+        cmd.arg("serve")
+            .env(HOST_CANARY.0, HOST_CANARY.1)
+            .env("WASMBOX_DATA", "none");
         for (k, v) in &env {
             cmd.env(k, v);
         }
     }))
     .expect("spawning wasmbox serve");
     let pid = transport.id().expect("the server's pid");
-    let client = ().serve(transport).await.expect("MCP handshake");
+    let client = ().serve(transport).await.expect("MCP handshake with wasmbox serve");
     (client, pid)
+}
+
+/// Starts a tool call and returns at once: the call stays in flight (for tests that drop the
+/// client, signal the server or call again meanwhile).
+pub fn spawn_call(
+    client: &Client,
+    tool: &str,
+    args: Value,
+) -> tokio::task::JoinHandle<Result<CallToolResult, rmcp::ServiceError>> {
+    let Value::Object(args) = args else {
+        panic!("arguments must be a JSON object")
+    };
+    let peer = client.peer().clone();
+    let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
+    tokio::spawn(async move { peer.call_tool(params).await })
 }
 
 /// `wasmbox serve --http 127.0.0.1:0` as a child process, with its URL read from its stderr.
