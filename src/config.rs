@@ -31,9 +31,6 @@ pub struct Config {
     /// Instance slots of wasmtime's pooling allocator (0: allocate on demand). Must cover every
     /// live instance: ready pools, running executions and sessions.
     pub pooled_instances: u32,
-    /// Bytes of a finished instance's memory its slot keeps resident for the next instance
-    /// (`WASMBOX_KEEP_RESIDENT_MB`; 0: unmap everything).
-    pub keep_resident_bytes: usize,
     /// The HOPX cloud fallback (`HOPX_API_KEY`, `HOPX_BASE_URL`, `WASMBOX_OFFLINE`).
     pub cloud: CloudConfig,
     /// Persistent sandboxes: lifetimes, how many, quotas.
@@ -52,9 +49,6 @@ pub struct WebhookConfig {
 }
 
 pub const MIB: usize = 1 << 20;
-
-/// Default of `WASMBOX_KEEP_RESIDENT_MB`.
-const KEEP_RESIDENT_MB: usize = 64;
 
 impl Config {
     /// Defaults, overridden by `WASMBOX_RUNTIMES`, `WASMBOX_CACHE`, `WASMBOX_MEMORY_MB`,
@@ -95,8 +89,6 @@ impl Config {
             max_code_bytes: 4 * MIB,
             max_concurrency: env_num("WASMBOX_CONCURRENCY").unwrap_or(cores * 2).max(1),
             pooled_instances: env_num("WASMBOX_POOLED_INSTANCES").unwrap_or(256) as u32,
-            keep_resident_bytes: env_num("WASMBOX_KEEP_RESIDENT_MB").unwrap_or(KEEP_RESIDENT_MB)
-                * MIB,
             cloud: CloudConfig::from_env(),
             sandbox: SandboxConfig {
                 default_timeout: Duration::from_secs(

@@ -95,11 +95,7 @@ pub struct RuntimeStatus {
 impl Wasmbox {
     /// Builds the engine. Runtimes load on first use or with [`Wasmbox::prepare`].
     pub fn new(config: Config) -> Result<Self> {
-        let engine = engine::build_engine(
-            config.pooled_instances,
-            config.max_memory_bytes,
-            config.keep_resident_bytes,
-        )?;
+        let engine = engine::build_engine(config.pooled_instances, config.max_memory_bytes)?;
         let cache = ModuleCache::new(config.cache_dir.clone());
         let sandboxes = Sandboxes::new(config.sandbox.clone())
             .map_err(|e| Error::io(&std::env::temp_dir(), e))?;

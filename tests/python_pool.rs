@@ -129,3 +129,27 @@ async fn sustained_load_does_not_exhaust_instance_slots() {
     futures::future::join_all(callers).await;
     c.cancel().await.unwrap();
 }
+
+/// A pooled slot is reset in place between guests (dirty pages copied back from the image):
+/// nothing the last guest wrote, in the image's pages or in memory it grew, reaches the next
+/// one. A fresh instance's heap layout is deterministic, so the second program's zero-filled
+/// buffer lands where the first one's 0xab-filled buffer was.
+#[tokio::test]
+async fn a_reused_slot_shows_nothing_of_its_last_guest() {
+    let c = server_with_env(&[("WASMBOX_POOL_SIZE", "1")]).await;
+    for round in 0..4 {
+        let r = py(
+            &c,
+            "import sys\nsys.wb_marker = 'left behind'\nbig = bytearray(b'\\xab' * (24 << 20))\nprint(len(big))",
+        )
+        .await;
+        assert_eq!(r["stdout"], format!("{}\n", 24 << 20), "{r}");
+        let r = py(
+            &c,
+            "import sys\nb = bytearray(24 << 20)\nprint(hasattr(sys, 'wb_marker'), b.count(0) == len(b))",
+        )
+        .await;
+        assert_eq!(r["stdout"], "False True\n", "round {round}: {r}");
+    }
+    c.cancel().await.unwrap();
+}

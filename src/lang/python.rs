@@ -54,13 +54,16 @@ last = None
 def _quiet_show(*args, **kwargs):
     pass
 
-def run(src, echo=False, env=None, cwd='/workspace'):
+def run(src, echo=False, env=None, cwd=None):
     global last
     last = None
-    if env is not None:
+    # Each write goes through WASI (a putenv per variable, a stat for chdir): skip them when
+    # nothing changes, as in a session's later turns and a ready instance's first.
+    if env is not None and env != os.environ:
         os.environ.clear()
         os.environ.update(env)
-    os.chdir(cwd)
+    if cwd is not None and cwd != os.getcwd():
+        os.chdir(cwd)
     plt = sys.modules.get('matplotlib.pyplot')
     if plt is not None and plt.show is not _quiet_show:
         # Headless: figures stay open for rich mode to collect instead of a warning.
@@ -88,6 +91,16 @@ def run(src, echo=False, env=None, cwd='/workspace'):
         e.__traceback__ = tb.tb_next if tb is not None else None
         sys.excepthook(type(e), e, e.__traceback__)
         raise SystemExit(1) from None
+
+def warm(env):
+    # Readies a fresh instance: its own random sequences (a snapshot would share the image's),
+    # and one pass through run() so the caller's turn finds those pages already copied.
+    import random
+    random.seed()
+    np = sys.modules.get('numpy')
+    if np is not None:
+        np.random.seed()
+    run("print('', end='')", False, env, '/workspace')
 
 def rich(max_images, max_bytes, max_html):
     import json
@@ -123,21 +136,17 @@ def rich(max_images, max_bytes, max_html):
     sys.stdout.write(json.dumps({'outputs': out, 'notes': notes}))
 ''', _wb.__dict__)
 sys.modules['_wasmbox'] = _wb
-del os, sys, types, _wb
+# Turns name it as a builtin: `__import__` of a loaded module still costs ~25 us a turn.
+import builtins
+builtins.__wasmbox__ = _wb
+del os, sys, types, builtins, _wb
 "#;
 
-/// The turn that readies an instance: reseeds the random generators a snapshot would otherwise
-/// share between all instances, and goes once through `_wasmbox.run` (env, cwd, compile, exec,
-/// print) so the pages the caller's turn needs are already copied-on-write. It must stay cheap: the pool-empty path runs it on the request.
-/// (Kept out of the prologue so that changing it does not rebuild the image.)
+/// The turn that readies an instance: `_wasmbox.warm` (reseeds the random generators, sets the
+/// base environment and goes once through `run`). Short, because the reactor parses every turn.
 static WARM_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "import random as _r, sys as _s\n\
-         _r.seed()\n\
-         _np = _s.modules.get('numpy')\n\
-         if _np is not None: _np.random.seed()\n\
-         del _r, _s, _np\n\
-         __import__('_wasmbox').run(\"print('', end='')\", False, {})\n",
+        "__wasmbox__.warm({})",
         // The base environment, so that a one-shot that brings none needs no env of its own.
         literal(&BASE_ENV.iter().copied().collect::<BTreeMap<_, _>>())
     )
@@ -380,7 +389,7 @@ impl PySession {
             RICH_MAX_IMAGES * RICH_MAX_IMAGE_BYTES * 4 / 3 + RICH_MAX_HTML_BYTES * 2;
         self.guest.arm(&collect);
         let code = format!(
-            "__import__('_wasmbox').rich({RICH_MAX_IMAGES}, {RICH_MAX_IMAGE_BYTES}, {RICH_MAX_HTML_BYTES})"
+            "__wasmbox__.rich({RICH_MAX_IMAGES}, {RICH_MAX_IMAGE_BYTES}, {RICH_MAX_HTML_BYTES})"
         );
         let outcome = turn(&mut self.guest.store, &self.instance, &code);
         self.alive = matches!(outcome, Ok(0));
@@ -569,7 +578,7 @@ fn user_turn(req: &ExecRequest) -> String {
         // A fresh instance from the pool already has the base env (its warm-up turn set it), so
         // the turn is shorter to parse and skips rewriting the environment.
         return format!(
-            "__import__('_wasmbox').run({}, {})",
+            "__wasmbox__.run({}, {})",
             literal(&req.code),
             if req.echo { "True" } else { "False" },
         );
@@ -584,7 +593,7 @@ fn user_turn(req: &ExecRequest) -> String {
         full.insert(k, v);
     }
     format!(
-        "__import__('_wasmbox').run({}, {}, {}, {})",
+        "__wasmbox__.run({}, {}, {}, {})",
         literal(&req.code),
         if req.echo { "True" } else { "False" },
         literal(&full),
