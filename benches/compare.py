@@ -61,9 +61,11 @@ class Server:
         r = self.request("tools/call", {"name": "execute_code", "arguments": {"code": code}})
         return r["result"]["structuredContent"]
 
-    def rss_mib(self) -> float:
+    def rss_mib(self, field: str = "VmRSS") -> float:
+        """VmRSS, or RssAnon (private memory) / RssFile (the mapped image: page cache, shared,
+        counted once per slot that maps a page)."""
         with open(f"/proc/{self.p.pid}/status") as f:
-            kb = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+            kb = next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
         return kb / 1024
 
     def fds(self) -> int:
@@ -112,28 +114,30 @@ def main() -> int:
     while srv.pool_ready() < 4:
         time.sleep(0.05)
     time.sleep(0.5)
-    full = srv.rss_mib()
+    full = {k: srv.rss_mib(k) for k in ("VmRSS", "RssAnon")}
     bare = Server(binary, {"WASMBOX_POOL_SIZE": "0"})
     bare.run("print(0)")
     time.sleep(0.5)
-    empty = bare.rss_mib()
+    empty = {k: bare.rss_mib(k) for k in ("VmRSS", "RssAnon")}
     bare.close()
-    print(f"RSS with 4 ready instances: {full:.1f} MiB; with none: {empty:.1f} MiB; "
-          f"per idle ready instance: {(full - empty) / 4:.1f} MiB")
+    for k in ("VmRSS", "RssAnon"):
+        print(f"{k} with 4 ready instances: {full[k]:.1f} MiB; with none: {empty[k]:.1f} MiB; "
+              f"per idle ready instance: {(full[k] - empty[k]) / 4:.1f} MiB")
 
     # Soak: RSS and descriptors before and after many one-shots.
     for _ in range(200):
         srv.run("print(1)")
-    rss0, fd0 = srv.rss_mib(), srv.fds()
+    rss0, anon0, fd0 = srv.rss_mib(), srv.rss_mib("RssAnon"), srv.fds()
     t = time.perf_counter()
     for i in range(soak):
         r = srv.run(f"print({i})")
         assert r["stdout"] == f"{i}\n", r
     took = time.perf_counter() - t
     time.sleep(0.5)
-    rss1, fd1 = srv.rss_mib(), srv.fds()
+    rss1, anon1, fd1 = srv.rss_mib(), srv.rss_mib("RssAnon"), srv.fds()
     print(f"soak of {soak} one-shots ({soak / took:.0f}/s, one caller): RSS {rss0:.1f} -> {rss1:.1f} MiB "
-          f"({(rss1 - rss0) / rss0 * 100:+.1f}%), open fds {fd0} -> {fd1}")
+          f"({(rss1 - rss0) / rss0 * 100:+.1f}%), of it anonymous {anon0:.1f} -> {anon1:.1f} MiB "
+          f"({(anon1 - anon0) / anon0 * 100:+.1f}%), open fds {fd0} -> {fd1}")
     srv.close()
     return 0
 
