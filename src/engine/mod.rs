@@ -34,10 +34,10 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// guest's page faults. Each slot reserves (not commits) `max_memory` of address space.
 ///
 /// Slots keep nothing resident (`linear_memory_keep_resident` stays 0): wasmtime 48's in-place
-/// reset finds a slot's pages with `PAGEMAP_SCAN`, which reports every present private page (not
-/// only those the last guest wrote), stops after 32 regions, and skips dirty pages that were
-/// swapped out, so they would keep the last guest's data. Measured with the Python image, keeping
-/// 16 MiB resident made teardown 6x slower and one-shot latency worse for no throughput gain.
+/// reset (`PAGEMAP_SCAN`) skips dirty pages that were swapped out, so they would keep the last
+/// guest's data, and stops after 32 regions. With 50.0.1's complete scan backported to try it,
+/// the kernel reports every present private page (not only those the last guest wrote), and
+/// keeping 16 MiB made teardown 6x slower and latency worse for no throughput gain.
 pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> {
     let mut config = base_config(Strategy::Cranelift);
     if pooled_instances > 0 {
