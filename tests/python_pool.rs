@@ -31,13 +31,37 @@ async fn scientific_stack_is_already_imported() {
 #[tokio::test]
 async fn each_one_shot_has_its_own_random_sequence() {
     let c = server().await;
-    let code = "import random\nimport numpy as np\nprint(random.random(), np.random.rand())";
-    let a = py(&c, code).await["stdout"].as_str().unwrap().to_string();
-    let b = py(&c, code).await["stdout"].as_str().unwrap().to_string();
-    let (a1, a2) = a.trim().split_once(' ').unwrap();
-    let (b1, b2) = b.trim().split_once(' ').unwrap();
-    assert_ne!(a1, b1, "random.random() repeated across sandboxes");
-    assert_ne!(a2, b2, "np.random.rand() repeated across sandboxes");
+    // Every way to draw from the two global generators the image holds (their states are
+    // written by the host into each instance), in one-shots and in sandbox sessions.
+    let code = "import random\nimport numpy as np\nprint(random.random(), random.getrandbits(64), \
+                random.gauss(0, 1), np.random.rand(), np.random.randint(1 << 30), np.random.randn())";
+    let mut seen: Vec<Vec<String>> = Vec::new();
+    for i in 0..6 {
+        let r = if i < 4 {
+            py(&c, code).await
+        } else {
+            let id = create_sandbox(&c, json!({})).await;
+            ok(
+                &c,
+                "execute_code",
+                json!({"mode": "persistent", "sandbox_id": id, "code": code}),
+            )
+            .await
+        };
+        let draws: Vec<String> = r["stdout"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        assert_eq!(draws.len(), 6, "{r}");
+        for earlier in &seen {
+            for (k, (a, b)) in earlier.iter().zip(&draws).enumerate() {
+                assert_ne!(a, b, "draw {k} repeated across sandboxes: {draws:?}");
+            }
+        }
+        seen.push(draws);
+    }
     c.cancel().await.unwrap();
 }
 
@@ -150,6 +174,21 @@ async fn a_reused_slot_shows_nothing_of_its_last_guest() {
         )
         .await;
         assert_eq!(r["stdout"], "False True\n", "round {round}: {r}");
+        // Files left behind, and files made and removed (an empty pair of directories may
+        // serve again): the next one-shot finds its directories empty either way.
+        for code in [
+            "open('/workspace/left', 'w').write('x')\nopen('/tmp/left', 'w').write('x')",
+            "import os\nfor p in ('/workspace/gone', '/tmp/gone'):\n    open(p, 'w').write('x')\n    os.remove(p)",
+        ] {
+            let r = py(&c, code).await;
+            assert_eq!(r["exit_code"], 0, "{r}");
+            let r = py(
+                &c,
+                "import os\nprint(os.listdir('/workspace'), os.listdir('/tmp'))",
+            )
+            .await;
+            assert_eq!(r["stdout"], "[] []\n", "round {round}: {r}");
+        }
     }
     c.cancel().await.unwrap();
 }

@@ -4,6 +4,7 @@
 pub mod cache;
 pub mod limits;
 pub mod pool;
+pub mod prefault;
 pub mod snapshot;
 pub mod threads;
 

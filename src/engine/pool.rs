@@ -3,6 +3,11 @@
 //! An instance that ran user code is never returned to a pool; `take` removes it for good and
 //! wakes a refill thread. When the pool is empty the caller makes a fresh instance itself (the
 //! pool-empty path), so exhaustion costs latency, never an error.
+//!
+//! Making comes first, polishing second: a refill thread makes instances (cheaply) until the
+//! pool is full, and only then, with nothing left to make, polishes them (a runtime's optional,
+//! costlier step that makes the first request on an instance faster). Under sustained load the
+//! pool never fills, so no CPU goes to polish; between requests every ready instance gets it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,6 +20,14 @@ use super::GUEST_THREAD_STACK;
 use crate::error::Result;
 
 type Factory<T> = Box<dyn Fn() -> Result<T> + Send + Sync>;
+/// A pool's optional polish of a ready instance (see the module docs).
+pub type Polish<T> = Box<dyn Fn(&mut T) -> Result<()> + Send + Sync>;
+
+/// A ready instance, and whether it has been polished.
+struct Item<T> {
+    t: T,
+    polished: bool,
+}
 
 /// A pool of ready `T`s for one runtime image.
 pub struct Pool<T: Send + 'static> {
@@ -23,10 +36,12 @@ pub struct Pool<T: Send + 'static> {
 
 struct Shared<T> {
     name: String,
-    ready: Mutex<VecDeque<T>>,
+    /// Polished items first: `take` pops the front, new items go to the back.
+    ready: Mutex<VecDeque<Item<T>>>,
     wake: Condvar,
     target: usize,
     factory: Factory<T>,
+    polish: Option<Polish<T>>,
     stop: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -39,6 +54,8 @@ struct Shared<T> {
 pub struct PoolStats {
     pub name: String,
     pub ready: usize,
+    /// Of the ready ones, how many are polished (see the module docs).
+    pub polished: usize,
     pub target: usize,
     pub hits: u64,
     pub misses: u64,
@@ -49,11 +66,13 @@ pub struct PoolStats {
 impl<T: Send + 'static> Pool<T> {
     /// Starts `refill_threads` threads that keep `target` instances ready, made by `factory`.
     /// A `target` of 0 makes a pool that is always empty (every take is a miss).
+    /// `polish`, if given, is applied to each ready instance once the pool is full.
     pub fn new(
         name: &str,
         target: usize,
         refill_threads: usize,
         factory: impl Fn() -> Result<T> + Send + Sync + 'static,
+        polish: Option<Polish<T>>,
     ) -> Self {
         let shared = Arc::new(Shared {
             name: name.to_string(),
@@ -61,6 +80,7 @@ impl<T: Send + 'static> Pool<T> {
             wake: Condvar::new(),
             target,
             factory: Box::new(factory),
+            polish,
             stop: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -91,7 +111,7 @@ impl<T: Send + 'static> Pool<T> {
     pub fn take(&self) -> Option<T> {
         let got = self.shared.ready.lock().unwrap().pop_front();
         match got {
-            Some(t) => {
+            Some(Item { t, .. }) => {
                 self.shared.hits.fetch_add(1, Ordering::Relaxed);
                 Some(t)
             }
@@ -118,9 +138,14 @@ impl<T: Send + 'static> Pool<T> {
 
     pub fn stats(&self) -> PoolStats {
         let s = &self.shared;
+        let (ready, polished) = {
+            let r = s.ready.lock().unwrap();
+            (r.len(), r.iter().filter(|i| i.polished).count())
+        };
         PoolStats {
             name: s.name.clone(),
-            ready: s.ready.lock().unwrap().len(),
+            ready,
+            polished,
             target: s.target,
             hits: s.hits.load(Ordering::Relaxed),
             misses: s.misses.load(Ordering::Relaxed),
@@ -129,12 +154,17 @@ impl<T: Send + 'static> Pool<T> {
         }
     }
 
-    /// Blocks until the pool is full (or `timeout` passes); for benches and tests that want
-    /// to measure the hit path.
+    /// Blocks until the pool is full and, if it polishes, every instance is polished (or
+    /// `timeout` passes); for benches and tests that want to measure the hit path.
     pub fn wait_full(&self, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
         while std::time::Instant::now() < deadline {
-            if self.shared.ready.lock().unwrap().len() >= self.shared.target {
+            let settled = {
+                let r = self.shared.ready.lock().unwrap();
+                r.len() >= self.shared.target
+                    && (self.shared.polish.is_none() || r.iter().all(|i| i.polished))
+            };
+            if settled {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -153,27 +183,50 @@ impl<T: Send + 'static> Drop for Pool<T> {
 fn refill<T>(s: Arc<Shared<T>>) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        {
+        /// What a refill thread does next.
+        enum Next<T> {
+            Make,
+            Polish(T),
+        }
+        let next = {
             let mut ready = s.ready.lock().unwrap();
-            while ready.len() >= s.target && !s.stop.load(Ordering::Relaxed) {
+            loop {
+                if s.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                if ready.len() < s.target {
+                    break Next::Make;
+                }
+                // Full: polish the newest unpolished instance (they are at the back).
+                if s.polish.is_some() && ready.back().is_some_and(|i| !i.polished) {
+                    break Next::Polish(ready.pop_back().expect("not empty").t);
+                }
                 ready = s.wake.wait(ready).unwrap();
             }
-        }
-        if s.stop.load(Ordering::Relaxed) {
-            return;
-        }
-        match (s.factory)() {
-            Ok(t) => {
-                s.made.fetch_add(1, Ordering::Relaxed);
+        };
+        let made = match next {
+            Next::Make => (s.factory)().map(|t| Item { t, polished: false }),
+            Next::Polish(mut t) => {
+                let polish = s.polish.as_ref().expect("polish is set");
+                polish(&mut t).map(|()| Item { t, polished: true })
+            }
+        };
+        match made {
+            Ok(item) => {
+                s.made
+                    .fetch_add(u64::from(!item.polished), Ordering::Relaxed);
                 let mut ready = s.ready.lock().unwrap();
-                if ready.len() < s.target {
-                    ready.push_back(t);
+                if item.polished {
+                    ready.push_front(item);
+                } else if ready.len() < s.target {
+                    ready.push_back(item);
                 }
                 backoff = Duration::from_millis(100);
             }
             Err(e) => {
+                // A failed polish loses that instance; the next round makes another.
                 s.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("pool {}: could not make a ready instance: {e}", s.name);
+                tracing::warn!("pool {}: could not ready an instance: {e}", s.name);
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_secs(10));
             }

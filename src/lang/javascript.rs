@@ -69,11 +69,17 @@ impl JsRuntime {
             .instantiate_pre(&module)
             .map_err(engine_err)?;
         let (e, p) = (engine.clone(), pre.clone());
-        let pool = Pool::new("javascript", pool_size, 1, move || {
-            let mut guest = Guest::unarmed(&e, &spec(), &BTreeMap::new())?;
-            let instance = start(&p, &mut guest.store).map_err(engine_err)?;
-            Ok(Ready { guest, instance })
-        });
+        let pool = Pool::new(
+            "javascript",
+            pool_size,
+            1,
+            move || {
+                let mut guest = Guest::unarmed(&e, &spec(), &BTreeMap::new())?;
+                let instance = start(&p, &mut guest.store).map_err(engine_err)?;
+                Ok(Ready { guest, instance })
+            },
+            None,
+        );
         Ok((
             Self {
                 engine: engine.clone(),

@@ -20,7 +20,8 @@ use super::guest::{
 };
 use super::{ExecRequest, ExecResult, Language};
 use crate::engine::cache::{ModuleCache, Origin};
-use crate::engine::pool::{Pool, PoolStats};
+use crate::engine::pool::{Polish, Pool, PoolStats};
+use crate::engine::prefault::WriteSet;
 use crate::engine::{self, snapshot};
 use crate::error::{Error, Result};
 
@@ -152,6 +153,10 @@ static WARM_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     )
 });
 
+/// A pooled instance's polish: one pass through `run` and `print`, as a user turn would make,
+/// printing nothing.
+const POLISH_TURN: &str = "__wasmbox__.run(\"print('', end='')\")";
+
 /// Packages imported into the pre-initialised image by default.
 pub const DEFAULT_PREIMPORT: &[&str] = &[
     "numpy",
@@ -237,6 +242,9 @@ struct Shared {
     paths: PythonPaths,
     /// The module is a pre-initialised image (prologue and imports already done).
     image: bool,
+    /// How instances of the image are readied without running any wasm: measured once, before
+    /// the pool starts. Unset (no image, or calibration failed): by a warm-up turn.
+    fast: std::sync::OnceLock<FastReady>,
 }
 
 /// A loaded Python runtime: the module pre-linked once, and its pool of ready instances.
@@ -277,11 +285,27 @@ impl PythonRuntime {
             pre,
             paths,
             image,
+            fast: std::sync::OnceLock::new(),
         });
+        if shared.image {
+            shared.calibrate();
+        }
         let s = shared.clone();
-        let pool = Pool::new("python", opts.pool_size, opts.refill_threads, move || {
-            s.make_ready()
+        // Instances readied without a turn get one (no user code) once the pool is full: the
+        // first request on them then finds the interpreter's own pages and tables mapped.
+        let polish: Option<Polish<Ready>> = shared.fast.get().map(|_| {
+            Box::new(|r: &mut Ready| {
+                run_turn(&mut r.guest.store, &r.instance, POLISH_TURN)
+                    .map_err(|e| Error::Engine(format!("python polish turn failed: {e:#}")))
+            }) as _
         });
+        let pool = Pool::new(
+            "python",
+            opts.pool_size,
+            opts.refill_threads,
+            move || s.make_ready(),
+            polish,
+        );
         Ok((Self { shared, pool }, origin))
     }
 
@@ -418,6 +442,74 @@ impl PySession {
 }
 
 impl Shared {
+    /// Measures what [`FastReady`] needs on two throwaway instances: where the random
+    /// generators' states are, and which pages a small turn maps. On failure instances are
+    /// readied by a warm-up turn, as without an image.
+    fn calibrate(&self) {
+        let measured = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .stack_size(engine::GUEST_THREAD_STACK)
+                .spawn_scoped(scope, || self.measure_fast_ready())
+                .expect("spawning the calibration thread")
+                .join()
+                .map_err(|_| Error::Engine("the calibration thread panicked".into()))?
+        });
+        match measured {
+            Ok(fast) => {
+                tracing::debug!(
+                    "python: instances readied without a turn: {} generator(s) reseeded, {} \
+                     pages pre-faulted",
+                    fast.rngs.len(),
+                    fast.writes.pages()
+                );
+                let _ = self.fast.set(fast);
+            }
+            Err(e) => tracing::info!(
+                "python: instances will be readied by a warm-up turn (a few ms each): {e}"
+            ),
+        }
+    }
+
+    fn measure_fast_ready(&self) -> Result<FastReady> {
+        let fail = |what: &str| Error::Engine(format!("calibration: {what}"));
+        // Where the generators are: their addresses (`id`) and states, from the guest.
+        let mut guest = Guest::unarmed(&self.engine, &self.paths.spec(), &BTreeMap::new())?;
+        let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
+        run_turn(&mut guest.store, &instance, RNG_PROBE).map_err(|e| {
+            fail(&format!(
+                "the generator probe failed: {e:#}: {}",
+                guest.take_stderr()
+            ))
+        })?;
+        let report = String::from_utf8_lossy(&guest.take_stdout()).into_owned();
+        let memory = instance
+            .get_memory(&mut guest.store, "memory")
+            .ok_or_else(|| fail("python exports no memory"))?;
+        let rngs = report
+            .lines()
+            .map(|line| RngState::locate(memory.data(&guest.store), line))
+            .collect::<std::result::Result<Vec<_>, String>>()
+            .map_err(|e| fail(&e))?;
+        drop(guest);
+        // Which pages: those a fresh instance maps for a small turn.
+        let mut guest = Guest::unarmed(&self.engine, &self.paths.spec(), &BTreeMap::new())?;
+        let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
+        run_turn(&mut guest.store, &instance, "__wasmbox__.run('print(1+1)')")
+            .map_err(|e| fail(&format!("the sample turn failed: {e:#}")))?;
+        let memory = instance
+            .get_memory(&mut guest.store, "memory")
+            .ok_or_else(|| fail("python exports no memory"))?;
+        let mut writes = WriteSet::measure(
+            memory.data_ptr(&guest.store),
+            memory.data_size(&guest.store),
+        )
+        .map_err(|e| fail(&format!("reading the page map: {e}")))?;
+        for r in &rngs {
+            writes.add(r.index.min(r.state)..r.index.max(r.state + MT_WORDS * 4) + 4);
+        }
+        Ok(FastReady { writes, rngs })
+    }
+
     fn make_ready(&self) -> Result<Ready> {
         self.make_ready_in(None)
     }
@@ -426,11 +518,11 @@ impl Shared {
         let mut guest =
             Guest::unarmed_in(&self.engine, &self.paths.spec(), &BTreeMap::new(), place)?;
         let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
-        let warm = if self.image {
-            run_turn(&mut guest.store, &instance, &WARM_TURN)
-        } else {
-            prologue(&mut guest.store, &instance)
-                .and_then(|()| run_turn(&mut guest.store, &instance, &WARM_TURN))
+        let warm = match (self.fast.get(), self.image) {
+            (Some(fast), _) => fast.ready(&mut guest.store, &instance),
+            (None, true) => run_turn(&mut guest.store, &instance, &WARM_TURN),
+            (None, false) => prologue(&mut guest.store, &instance)
+                .and_then(|()| run_turn(&mut guest.store, &instance, &WARM_TURN)),
         };
         warm.map_err(|e| {
             Error::Engine(format!(
@@ -439,6 +531,117 @@ impl Shared {
             ))
         })?;
         Ok(Ready { guest, instance })
+    }
+}
+
+/// Words of an MT19937 state (CPython's `random` and numpy's legacy `RandomState` both use it).
+const MT_WORDS: usize = 624;
+
+/// Prints, per generator the image holds, a line: its kind, its object's address, whether a
+/// cached value would repeat in every instance, its index and its 624 state words.
+const RNG_PROBE: &str = r#"
+import sys
+r = sys.modules.get('random')
+if r is not None:
+    st = r._inst.getstate()
+    print('random', id(r._inst), int(st[2] is not None), st[1][624], *st[1][:624])
+if 'numpy.random' in sys.modules:
+    s = sys.modules['numpy.random'].get_state()
+    print('numpy', id(sys.modules['numpy.random'].mtrand._rand._bit_generator), int(s[3] != 0), s[2], *s[1].tolist())
+"#;
+
+/// Where one generator's state is in linear memory (the same in every instance of an image).
+#[derive(Clone, Copy, Debug)]
+struct RngState {
+    /// The 624 words.
+    state: usize,
+    /// The position in them (624: draw a fresh block first).
+    index: usize,
+}
+
+impl RngState {
+    /// Finds a generator reported by [`RNG_PROBE`] in `memory`: its words within its object,
+    /// and its index where the runtime's layout puts it (CPython's `RandomObject` has it
+    /// before the words, numpy's `mt19937_state` after), both checked against the report.
+    fn locate(memory: &[u8], line: &str) -> std::result::Result<Self, String> {
+        let mut it = line.split_whitespace();
+        let kind = it.next().unwrap_or_default().to_string();
+        let nums = it
+            .map(|w| w.parse::<u64>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| format!("{kind}: unreadable probe output ({e})"))?;
+        let [addr, cached, pos, words @ ..] = nums.as_slice() else {
+            return Err(format!("{kind}: short probe output"));
+        };
+        if words.len() != MT_WORDS {
+            return Err(format!(
+                "{kind}: {} state words, not {MT_WORDS}",
+                words.len()
+            ));
+        }
+        if *cached != 0 {
+            return Err(format!(
+                "{kind}: a cached value would repeat in every instance"
+            ));
+        }
+        let bytes: Vec<u8> = words
+            .iter()
+            .flat_map(|w| (*w as u32).to_le_bytes())
+            .collect();
+        let addr = *addr as usize;
+        // The words sit near the object's head (after its header and a few fields).
+        let window = memory
+            .get(addr..(addr + 512 + bytes.len()).min(memory.len()))
+            .ok_or_else(|| format!("{kind}: object address {addr} is outside memory"))?;
+        let at = window
+            .windows(bytes.len())
+            .position(|w| w == bytes)
+            .ok_or_else(|| format!("{kind}: state not found in its object"))?;
+        let state = addr + at;
+        let index = match kind.as_str() {
+            "random" => state.checked_sub(4),
+            "numpy" => Some(state + bytes.len()),
+            _ => None,
+        }
+        .ok_or_else(|| format!("unknown generator {kind}"))?;
+        let word = memory
+            .get(index..index + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+        if word != Some(*pos as u32) {
+            return Err(format!("{kind}: its index is not where expected"));
+        }
+        Ok(Self { state, index })
+    }
+}
+
+/// Readies an instance of the image without running wasm: the pages a turn writes
+/// pre-faulted ([`WriteSet`]), and fresh random states written into the generators (a snapshot
+/// would otherwise give every sandbox the image's sequences). A third of a warm-up turn's CPU.
+struct FastReady {
+    writes: WriteSet,
+    rngs: Vec<RngState>,
+}
+
+impl FastReady {
+    fn ready(&self, store: &mut Store<GuestState>, instance: &Instance) -> wasmtime::Result<()> {
+        let memory = instance
+            .get_memory(&mut *store, "memory")
+            .ok_or_else(|| wasmtime::format_err!("the module exports no memory"))?;
+        // SAFETY: the instance's own memory, alive and not growing while this runs.
+        unsafe {
+            self.writes
+                .populate(memory.data_ptr(&*store), memory.data_size(&*store))
+        };
+        let data = memory.data_mut(&mut *store);
+        for r in &self.rngs {
+            let words = &mut data[r.state..r.state + MT_WORDS * 4];
+            getrandom::fill(words)
+                .map_err(|e| wasmtime::format_err!("no entropy for the generators: {e}"))?;
+            // As CPython's and numpy's seeding do: the top bit set, so the state is never zero.
+            words[3] |= 0x80;
+            data[r.index..r.index + 4].copy_from_slice(&(MT_WORDS as u32).to_le_bytes());
+        }
+        Ok(())
     }
 }
 
@@ -460,6 +663,12 @@ fn warmup_code(preimport: &[String]) -> String {
     for m in preimport {
         code.push_str(&format!("import {m}\n"));
     }
+    // One pass through `run` with the base environment, as a ready instance's would be: the
+    // image is then ready as it is, and instances need no warm-up turn (see `FastReady`).
+    code.push_str(&format!(
+        "__wasmbox__.run(\"print('', end='')\", False, {}, '/workspace')\n",
+        literal(&BASE_ENV.iter().copied().collect::<BTreeMap<_, _>>())
+    ));
     // Everything imported so far lives as long as the image: keep the cyclic GC from walking
     // (and so copying on write) the whole heap in every sandbox.
     code.push_str("import gc\ngc.collect()\ngc.freeze()\n");
