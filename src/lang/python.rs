@@ -633,13 +633,18 @@ impl FastReady {
                 .populate(memory.data_ptr(&*store), memory.data_size(&*store))
         };
         let data = memory.data_mut(&mut *store);
+        let outside = || wasmtime::format_err!("a generator's state is outside the memory");
         for r in &self.rngs {
-            let words = &mut data[r.state..r.state + MT_WORDS * 4];
+            let words = data
+                .get_mut(r.state..r.state + MT_WORDS * 4)
+                .ok_or_else(outside)?;
             getrandom::fill(words)
                 .map_err(|e| wasmtime::format_err!("no entropy for the generators: {e}"))?;
             // As CPython's and numpy's seeding do: the top bit set, so the state is never zero.
             words[3] |= 0x80;
-            data[r.index..r.index + 4].copy_from_slice(&(MT_WORDS as u32).to_le_bytes());
+            data.get_mut(r.index..r.index + 4)
+                .ok_or_else(outside)?
+                .copy_from_slice(&(MT_WORDS as u32).to_le_bytes());
         }
         Ok(())
     }
