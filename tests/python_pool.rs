@@ -192,3 +192,31 @@ async fn a_reused_slot_shows_nothing_of_its_last_guest() {
     }
     c.cancel().await.unwrap();
 }
+
+/// A polished pooled instance (its idle-time turn ran) shows user code the same globals and
+/// modules as one made on the request, which was never polished.
+#[tokio::test]
+async fn polish_leaves_nothing_for_user_code_to_see() {
+    let code = "import sys\nprint(sorted(globals()), len(sys.modules), sys.last_value if hasattr(sys, 'last_value') else None)";
+    let pooled = server().await;
+    py(&pooled, "print(0)").await;
+    // Let the pool refill and polish.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let m = ok(&pooled, "get_system_metrics", json!({})).await;
+        let p = &m["pools"][0];
+        assert_eq!(p["name"], "python", "{m}");
+        assert!(p["target"].as_u64().unwrap() > 0, "{m}");
+        if p["polished"] == p["target"] || std::time::Instant::now() > deadline {
+            assert_eq!(p["polished"], p["target"], "{m}");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let a = py(&pooled, code).await;
+    let fresh = server_with_env(&[("WASMBOX_POOL_SIZE", "0")]).await;
+    let b = py(&fresh, code).await;
+    assert_eq!(a["stdout"], b["stdout"], "{a}\n{b}");
+    pooled.cancel().await.unwrap();
+    fresh.cancel().await.unwrap();
+}
