@@ -57,8 +57,9 @@ class Server:
             if msg.get("id") == self.id:
                 return msg
 
-    def run(self, code: str) -> dict:
-        r = self.request("tools/call", {"name": "execute_code", "arguments": {"code": code}})
+    def run(self, code: str, language: str = "python") -> dict:
+        args = {"code": code, "language": language}
+        r = self.request("tools/call", {"name": "execute_code", "arguments": args})
         return r["result"]["structuredContent"]
 
     def rss_mib(self, field: str = "VmRSS") -> float:
@@ -109,6 +110,16 @@ def main() -> int:
             assert r["exit_code"] == 0, r
         rp, op = statistics.median(ref), statistics.median(ours)
         print(f"{name:<16} {rp * 1e3:>13.2f} ms {op * 1e3:>9.3f} ms {pct(ours, 0.9) * 1e3:>9.3f} ms {rp / op:>7.0f}x")
+
+    # JavaScript one-shots (no reference host to compare with).
+    js = []
+    for _ in range(runs):
+        time.sleep(0.02)
+        t = time.perf_counter()
+        r = srv.run("console.log(1+1)", "javascript")
+        js.append(time.perf_counter() - t)
+        assert r["exit_code"] == 0 and r["stdout"] == "2\n", r
+    print(f"{'js console.log':<16} {'':>16} {statistics.median(js) * 1e3:>9.3f} ms {pct(js, 0.9) * 1e3:>9.3f} ms")
 
     # Memory: a full pool against no pool.
     while srv.pool_ready() < 4:

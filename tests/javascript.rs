@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
@@ -169,6 +170,7 @@ fn session_keeps_state_across_calls() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let wb = wasmbox::Wasmbox::new(wasmbox::Config::from_env()).unwrap();
     let js = rt.block_on(wb.javascript()).unwrap();
+    assert!(js.has_image(), "the pre-initialised image must build");
     let req = wb
         .request(wasmbox::ExecOptions {
             language: "javascript".into(),
@@ -213,5 +215,38 @@ async fn per_call_env_applies_to_pooled_contexts() {
         r["stdout"], "undefined\n",
         "an earlier call's env must not leak"
     );
+    c.cancel().await.unwrap();
+}
+
+/// Instances start from a snapshot taken after the context was made; each must still get its own
+/// `Math.random` sequence and a `performance` clock that starts at its own first call, not the
+/// image's.
+#[tokio::test]
+async fn each_one_shot_has_its_own_random_sequence_and_clock() {
+    let c = server().await;
+    let (mut draws, mut origins) = (HashSet::new(), HashSet::new());
+    for _ in 0..4 {
+        let r = js(
+            &c,
+            "const draws = [Math.random(), Math.random(), Math.random()];\n\
+             const lag = Date.now() - (performance.timeOrigin + performance.now());\n\
+             console.log(JSON.stringify({draws, lag, origin: performance.timeOrigin}));",
+        )
+        .await;
+        let v: Value = serde_json::from_str(r["stdout"].as_str().unwrap()).expect("JSON line");
+        assert!(
+            draws.insert(v["draws"].to_string()),
+            "Math.random repeated another one-shot's sequence: {v}"
+        );
+        assert!(
+            origins.insert(v["origin"].to_string()),
+            "performance.timeOrigin repeated another one-shot's: {v}"
+        );
+        let lag = v["lag"].as_f64().unwrap();
+        assert!(
+            lag.abs() < 1000.0,
+            "timeOrigin + now() must be the wall clock: {v}"
+        );
+    }
     c.cancel().await.unwrap();
 }

@@ -11,6 +11,9 @@
  *                                        0 ok, 1 JS error, 2 not initialised / OOM
  *   wb_destroy()                         free runtime+context (wb_init may follow)
  *
+ * The module may be snapshotted after wb_init: Math.random's seed and
+ * performance's time origin are taken at each instance's first wb_eval.
+ *
  * Build: see build.sh. This file is compiled together with the QuickJS-NG
  * sources (quickjs.c, quickjs-libc.c, libregexp.c, libunicode.c, dtoa.c) and
  * a generated header wasmbox_prelude.h holding prelude.js as a C string.
@@ -21,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/random.h>
 #include <wasi/api.h>
 
 #include "quickjs.h"
@@ -395,6 +399,95 @@ static size_t wb_js_stack_size(void)
     return n;
 }
 
+/* ---------------------------------------------------------------- */
+/* per-instance clock origin and random seed
+
+   The host snapshots this module after wb_init (a pre-initialised image) and
+   starts every sandbox from that snapshot. QuickJS seeds Math.random and sets
+   performance's time origin when the context is created, so every sandbox
+   would replay the image's sequence and time origin. Ours are set instead at
+   the first wb_eval of each instance (wb_fresh), from WASI random_get and the
+   clocks of that moment. */
+
+static uint64_t wb_rand_state; /* xorshift64*, never 0 once seeded */
+static double wb_origin_mono;  /* monotonic ms at the instance's first eval */
+static double wb_origin_epoch; /* epoch ms at the same moment */
+static int wb_fresh_done;
+
+static double wb_clock_ms(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void wb_fresh(void)
+{
+    wb_fresh_done = 1;
+    if (getentropy(&wb_rand_state, sizeof(wb_rand_state)) != 0)
+        wb_rand_state = (uint64_t)(wb_clock_ms(CLOCK_REALTIME) * 1e3);
+    if (wb_rand_state == 0)
+        wb_rand_state = 0x9E3779B97F4A7C15ull;
+    wb_origin_mono = wb_clock_ms(CLOCK_MONOTONIC);
+    wb_origin_epoch = wb_clock_ms(CLOCK_REALTIME);
+}
+
+/* the same generator and double construction as QuickJS's Math.random */
+static JSValue wb_math_random(JSContext *ctx, JSValueConst this_val, int argc,
+                              JSValueConst *argv)
+{
+    uint64_t x = wb_rand_state;
+    union { uint64_t u; double d; } u;
+    (void)this_val; (void)argc; (void)argv;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    wb_rand_state = x;
+    u.u = ((uint64_t)0x3ff << 52) | ((x * 0x2545F4914F6CDD1Dull) >> 12);
+    return JS_NewFloat64(ctx, u.d - 1.0);
+}
+
+static JSValue wb_perf_now(JSContext *ctx, JSValueConst this_val, int argc,
+                           JSValueConst *argv)
+{
+    (void)this_val; (void)argc; (void)argv;
+    return JS_NewFloat64(ctx, wb_clock_ms(CLOCK_MONOTONIC) - wb_origin_mono);
+}
+
+static JSValue wb_perf_time_origin(JSContext *ctx, JSValueConst this_val)
+{
+    (void)this_val;
+    return JS_NewFloat64(ctx, wb_origin_epoch);
+}
+
+static const JSCFunctionListEntry wb_perf_funcs[] = {
+    JS_CFUNC_DEF("now", 0, wb_perf_now),
+    JS_CGETSET_DEF("timeOrigin", wb_perf_time_origin, NULL),
+};
+
+/* Replaces Math.random and the performance object with the per-instance
+   versions above. 0 on success. */
+static int wb_install_fresh(JSContext *ctx)
+{
+    JSValue global = JS_GetGlobalObject(ctx);
+    JSValue math = JS_GetPropertyStr(ctx, global, "Math");
+    JSValue perf = JS_NewObject(ctx);
+    int rc = -1;
+
+    if (JS_IsObject(math) && !JS_IsException(perf) &&
+        JS_SetPropertyStr(ctx, math, "random",
+                          JS_NewCFunction(ctx, wb_math_random, "random", 0)) >= 0 &&
+        JS_SetPropertyFunctionList(ctx, perf, wb_perf_funcs,
+                                   sizeof(wb_perf_funcs) / sizeof(wb_perf_funcs[0])) >= 0 &&
+        JS_DefinePropertyValueStr(ctx, global, "performance", JS_DupValue(ctx, perf),
+                                  JS_PROP_WRITABLE | JS_PROP_CONFIGURABLE) >= 0)
+        rc = 0;
+    JS_FreeValue(ctx, perf);
+    JS_FreeValue(ctx, math);
+    JS_FreeValue(ctx, global);
+    return rc;
+}
+
 WB_EXPORT("wb_destroy")
 void wb_destroy(void)
 {
@@ -457,6 +550,8 @@ int32_t wb_init(void)
                             js_module_check_attributes, NULL);
     JS_SetHostPromiseRejectionTracker(wb_rt, wb_rejection_tracker, NULL);
     js_std_add_helpers(wb_ctx, argv ? argc : 0, argv);
+    if (wb_install_fresh(wb_ctx) != 0)
+        goto fail;
 
     /* the prelude is a module; it stores its hooks object on
        globalThis.__wasmbox_hooks, which we take and delete */
@@ -507,6 +602,8 @@ int32_t wb_eval(int32_t ptr, int32_t len, int32_t flags)
 
     if (!ctx || len < 0)
         return WB_FAILURE;
+    if (!wb_fresh_done)
+        wb_fresh();
     code = malloc((size_t)len + 1);
     if (!code)
         return WB_FAILURE;

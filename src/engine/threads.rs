@@ -39,6 +39,19 @@ pub fn drop_later<T: Send + 'static>(spent: T) {
     }
 }
 
+/// Runs `f` to completion on a new thread with a guest's stack, for one-off wasm runs outside
+/// the request path (building an image, calibrating instances).
+pub fn on_guest_stack<R: Send>(what: &str, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .stack_size(GUEST_THREAD_STACK)
+            .spawn_scoped(scope, f)
+            .map_err(|e| Error::Engine(format!("spawning the {what} thread: {e}")))?
+            .join()
+            .map_err(|_| Error::Engine(format!("the {what} thread panicked")))?
+    })
+}
+
 /// Makes the calling thread yield the CPU to request threads: background work (refills,
 /// teardown) must not delay an answer on a machine with few cores.
 pub fn lower_priority() {

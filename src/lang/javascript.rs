@@ -9,15 +9,17 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use wasmtime::{Engine, Instance, InstancePre, Store};
+use sha2::{Digest, Sha256};
+use wasmtime::{Engine, Instance, InstancePre, Module, Store};
 
 use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
 };
 use super::{ExecRequest, ExecResult, Language};
 use crate::engine::cache::{ModuleCache, Origin};
-use crate::engine::deadline_ticks;
 use crate::engine::pool::{Pool, PoolStats};
+use crate::engine::threads::on_guest_stack;
+use crate::engine::{self, deadline_ticks, snapshot};
 use crate::error::{Error, Result};
 
 /// `wb_eval` flag: print the completion value (REPL style), for sessions.
@@ -36,11 +38,14 @@ pub fn module_path(runtimes_dir: &Path) -> PathBuf {
     runtimes_dir.join("quickjs").join("qjs.wasm")
 }
 
-/// A loaded JavaScript runtime: the compiled module pre-linked once, and a pool of contexts
-/// created ahead of time (creating one parses the prelude, about 4 ms).
+/// A loaded JavaScript runtime: the pre-initialised image (the module snapshotted after
+/// `wb_init`, so an instance starts with its context made and the prelude run: creating one
+/// parses the prelude, about 4 ms) pre-linked once, and a pool of instances made ahead of time.
 pub struct JsRuntime {
     engine: Engine,
     pre: InstancePre<GuestState>,
+    /// Instances start initialised (false only if the image could not be built).
+    image: bool,
     pool: Pool<Ready>,
 }
 
@@ -64,7 +69,16 @@ impl JsRuntime {
                 path,
             });
         }
-        let (module, origin) = cache.load(engine, &path, "javascript")?;
+        let ((module, origin), image) = match load_image(engine, cache, &path) {
+            Ok(loaded) => (loaded, true),
+            Err(e) => {
+                tracing::warn!(
+                    "javascript: the pre-initialised image could not be built ({e}); falling \
+                     back to the plain module (each context costs ~4 ms to create)"
+                );
+                (cache.load(engine, &path, "javascript")?, false)
+            }
+        };
         let pre = wasi_linker(engine)?
             .instantiate_pre(&module)
             .map_err(engine_err)?;
@@ -75,7 +89,7 @@ impl JsRuntime {
             1,
             move || {
                 let mut guest = Guest::unarmed(&e, &spec(), &BTreeMap::new())?;
-                let instance = start(&p, &mut guest.store).map_err(engine_err)?;
+                let instance = start(&p, &mut guest.store, image).map_err(engine_err)?;
                 Ok(Ready { guest, instance })
             },
             None,
@@ -84,6 +98,7 @@ impl JsRuntime {
             Self {
                 engine: engine.clone(),
                 pre,
+                image,
                 pool,
             },
             origin,
@@ -92,6 +107,11 @@ impl JsRuntime {
 
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.stats()
+    }
+
+    /// Whether instances start from the pre-initialised image.
+    pub fn has_image(&self) -> bool {
+        self.image
     }
 
     /// Runs `req` in a ready context (from the pool, or made now) and drops it. Blocking: call
@@ -105,7 +125,8 @@ impl JsRuntime {
             Some(place) => {
                 let mut guest =
                     Guest::unarmed_in(&self.engine, &spec(), &BTreeMap::new(), Some(place))?;
-                let instance = start(&self.pre, &mut guest.store).map_err(engine_err)?;
+                let instance =
+                    start(&self.pre, &mut guest.store, self.image).map_err(engine_err)?;
                 Ready { guest, instance }
             }
         };
@@ -117,12 +138,21 @@ impl JsRuntime {
         } else {
             0
         };
-        // The context was created before the call's env was known: set process.env now.
-        let mut setup = env_setup(&req.env);
+        // The context was created before the call's env was known: set process.env now, unless
+        // it is the base environment the context was made with (a plain one-shot).
+        let mut setup = String::new();
+        if !req.env.is_empty() || req.place.is_some() {
+            setup = env_setup(&req.env);
+        }
         if let Some(place) = &req.place {
             setup.push_str(&chdir(&place.cwd));
         }
-        let outcome = eval(&mut guest.store, &instance, &setup, 0).and_then(|s| {
+        let outcome = if setup.is_empty() {
+            Ok(0)
+        } else {
+            eval(&mut guest.store, &instance, &setup, 0)
+        }
+        .and_then(|s| {
             if s != 0 {
                 wasmtime::bail!("setting process.env failed with status {s}");
             }
@@ -139,7 +169,7 @@ impl JsRuntime {
     /// `req` gives the session's env and limits (its code is not run).
     pub fn session(&self, req: &ExecRequest) -> Result<JsSession> {
         let mut guest = Guest::new(&self.engine, req, &spec())?;
-        let instance = start(&self.pre, &mut guest.store).map_err(engine_err)?;
+        let instance = start(&self.pre, &mut guest.store, self.image).map_err(engine_err)?;
         Ok(JsSession {
             guest,
             instance,
@@ -245,11 +275,21 @@ fn spec() -> GuestSpec<'static> {
     }
 }
 
+/// Instantiates `pre`; unless it is the image, also initialises the runtime and its context.
 fn start(
     pre: &InstancePre<GuestState>,
     store: &mut Store<GuestState>,
+    image: bool,
 ) -> wasmtime::Result<Instance> {
     let instance = pre.instantiate(&mut *store)?;
+    if !image {
+        init(store, &instance)?;
+    }
+    Ok(instance)
+}
+
+/// `_initialize` and `wb_init`: what the image's snapshot was taken after.
+fn init(store: &mut Store<GuestState>, instance: &Instance) -> wasmtime::Result<()> {
     instance
         .get_typed_func::<(), ()>(&mut *store, "_initialize")?
         .call(&mut *store, ())?;
@@ -259,7 +299,42 @@ fn start(
     if status != 0 {
         wasmtime::bail!("the JavaScript runtime failed to initialise (wb_init returned {status})");
     }
-    Ok(instance)
+    Ok(())
+}
+
+/// What determines the image's bytes: the module (our C entry and prelude are compiled in).
+pub fn image_key(module_sha: &str) -> String {
+    let mut d = Sha256::new();
+    d.update(b"wasmbox-javascript-image-v1\0");
+    d.update(module_sha.as_bytes());
+    hex::encode(d.finalize())
+}
+
+/// Loads the image from the module cache, building it the first time (well under a second).
+fn load_image(engine: &Engine, cache: &ModuleCache, path: &Path) -> Result<(Module, Origin)> {
+    let key = image_key(&cache.file_sha256(path)?);
+    cache.load_with(engine, &key, "javascript image", || {
+        let wasm = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let warm_engine = engine::warmup_engine()?;
+        let linker = wasi_linker(&warm_engine)?;
+        // The snapshot freezes wasi-libc's preopen table and cwd: the warm-up uses the
+        // production preopen layout (a fresh /workspace and /tmp, as every sandbox has).
+        on_guest_stack("javascript image", || {
+            snapshot::build(&warm_engine, &wasm, "javascript image", |module| {
+                let mut guest = Guest::unarmed(&warm_engine, &spec(), &BTreeMap::new())?;
+                let instance = linker
+                    .instantiate(&mut guest.store, module)
+                    .map_err(engine_err)?;
+                init(&mut guest.store, &instance).map_err(|e| {
+                    Error::Engine(format!(
+                        "the JavaScript image warm-up failed: {e:#}: {}",
+                        guest.take_stderr()
+                    ))
+                })?;
+                Ok(guest.into_parts(instance))
+            })
+        })
+    })
 }
 
 fn eval(
@@ -304,7 +379,17 @@ fn looks_like_module(code: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::looks_like_module;
+    use super::{image_key, looks_like_module};
+
+    #[test]
+    fn image_key_follows_the_module() {
+        assert_eq!(image_key("aa"), image_key("aa"));
+        assert_ne!(
+            image_key("aa"),
+            image_key("ab"),
+            "a new qjs.wasm rebuilds the image"
+        );
+    }
 
     #[test]
     fn module_detection() {

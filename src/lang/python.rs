@@ -22,6 +22,7 @@ use super::{ExecRequest, ExecResult, Language};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Polish, Pool, PoolStats};
 use crate::engine::prefault::WriteSet;
+use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, snapshot};
 use crate::error::{Error, Result};
 
@@ -37,6 +38,11 @@ const BASE_ENV: &[(&str, &str)] = &[
     ("PYTHONTZPATH", ""),
     ("PWD", WORKSPACE_GUEST),
 ];
+
+/// [`BASE_ENV`] as a map (its literal is what turns set `os.environ` to).
+fn base_env() -> BTreeMap<&'static str, &'static str> {
+    BASE_ENV.iter().copied().collect()
+}
 
 /// The first turn of every instance (baked into the image when there is one): defines
 /// `_wasmbox.run`, which runs the caller's code the way `python -c` would — no echo of a final
@@ -157,7 +163,7 @@ static WARM_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "__wasmbox__.warm({})",
         // The base environment, so that a one-shot that brings none needs no env of its own.
-        literal(&BASE_ENV.iter().copied().collect::<BTreeMap<_, _>>())
+        literal(&base_env())
     )
 });
 
@@ -250,8 +256,8 @@ struct Shared {
     /// The module is a pre-initialised image (prologue and imports already done).
     image: bool,
     /// How instances of the image are readied without running any wasm: measured once, before
-    /// the pool starts. Unset (no image, or calibration failed): by a warm-up turn.
-    fast: std::sync::OnceLock<FastReady>,
+    /// the pool starts. None (no image, or calibration failed): by a warm-up turn.
+    fast: Option<FastReady>,
 }
 
 /// A loaded Python runtime: the module pre-linked once, and its pool of ready instances.
@@ -287,20 +293,21 @@ impl PythonRuntime {
         let pre = linker(engine)?
             .instantiate_pre(&module)
             .map_err(engine_err)?;
-        let shared = Arc::new(Shared {
+        let mut shared = Shared {
             engine: engine.clone(),
             pre,
             paths,
             image,
-            fast: std::sync::OnceLock::new(),
-        });
-        if shared.image {
-            shared.calibrate();
+            fast: None,
+        };
+        if image {
+            shared.fast = shared.calibrate();
         }
+        let shared = Arc::new(shared);
         let s = shared.clone();
         // Instances readied without a turn get one (no user code) once the pool is full: the
         // first request on them then finds the interpreter's own pages and tables mapped.
-        let polish: Option<Polish<Ready>> = shared.fast.get().map(|_| {
+        let polish: Option<Polish<Ready>> = shared.fast.as_ref().map(|_| {
             Box::new(|r: &mut Ready| {
                 run_turn(&mut r.guest.store, &r.instance, POLISH_TURN)
                     .map_err(|e| Error::Engine(format!("python polish turn failed: {e:#}")))
@@ -452,15 +459,8 @@ impl Shared {
     /// Measures what [`FastReady`] needs on two throwaway instances: where the random
     /// generators' states are, and which pages a small turn maps. On failure instances are
     /// readied by a warm-up turn, as without an image.
-    fn calibrate(&self) {
-        let measured = std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                .stack_size(engine::GUEST_THREAD_STACK)
-                .spawn_scoped(scope, || self.measure_fast_ready())
-                .expect("spawning the calibration thread")
-                .join()
-                .map_err(|_| Error::Engine("the calibration thread panicked".into()))?
-        });
+    fn calibrate(&self) -> Option<FastReady> {
+        let measured = on_guest_stack("calibration", || self.measure_fast_ready());
         match measured {
             Ok(fast) => {
                 tracing::debug!(
@@ -469,19 +469,21 @@ impl Shared {
                     fast.rngs.len(),
                     fast.writes.pages()
                 );
-                let _ = self.fast.set(fast);
+                Some(fast)
             }
-            Err(e) => tracing::info!(
-                "python: instances will be readied by a warm-up turn (a few ms each): {e}"
-            ),
+            Err(e) => {
+                tracing::info!(
+                    "python: instances will be readied by a warm-up turn (a few ms each): {e}"
+                );
+                None
+            }
         }
     }
 
     fn measure_fast_ready(&self) -> Result<FastReady> {
         let fail = |what: &str| Error::Engine(format!("calibration: {what}"));
         // Where the generators are: their addresses (`id`) and states, from the guest.
-        let mut guest = Guest::unarmed(&self.engine, &self.paths.spec(), &BTreeMap::new())?;
-        let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
+        let (mut guest, instance) = self.instantiate_in(None)?;
         run_turn(&mut guest.store, &instance, RNG_PROBE).map_err(|e| {
             fail(&format!(
                 "the generator probe failed: {e:#}: {}",
@@ -489,9 +491,7 @@ impl Shared {
             ))
         })?;
         let report = String::from_utf8_lossy(&guest.take_stdout()).into_owned();
-        let memory = instance
-            .get_memory(&mut guest.store, "memory")
-            .ok_or_else(|| fail("python exports no memory"))?;
+        let memory = exported_memory(&mut guest, &instance)?;
         let rngs = report
             .lines()
             .map(|line| RngState::locate(memory.data(&guest.store), line))
@@ -499,13 +499,10 @@ impl Shared {
             .map_err(|e| fail(&e))?;
         drop(guest);
         // Which pages: those a fresh instance maps for a small turn.
-        let mut guest = Guest::unarmed(&self.engine, &self.paths.spec(), &BTreeMap::new())?;
-        let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
+        let (mut guest, instance) = self.instantiate_in(None)?;
         run_turn(&mut guest.store, &instance, "__wasmbox__.run('print(1+1)')")
             .map_err(|e| fail(&format!("the sample turn failed: {e:#}")))?;
-        let memory = instance
-            .get_memory(&mut guest.store, "memory")
-            .ok_or_else(|| fail("python exports no memory"))?;
+        let memory = exported_memory(&mut guest, &instance)?;
         let mut writes = WriteSet::measure(
             memory.data_ptr(&guest.store),
             memory.data_size(&guest.store),
@@ -521,11 +518,18 @@ impl Shared {
         self.make_ready_in(None)
     }
 
-    fn make_ready_in(&self, place: Option<&super::Place>) -> Result<Ready> {
+    /// A new instance of the module with the production preopens (fresh ones, or `place`'s),
+    /// not yet armed with a request's limits.
+    fn instantiate_in(&self, place: Option<&super::Place>) -> Result<(Guest, Instance)> {
         let mut guest =
             Guest::unarmed_in(&self.engine, &self.paths.spec(), &BTreeMap::new(), place)?;
         let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
-        let warm = match (self.fast.get(), self.image) {
+        Ok((guest, instance))
+    }
+
+    fn make_ready_in(&self, place: Option<&super::Place>) -> Result<Ready> {
+        let (mut guest, instance) = self.instantiate_in(place)?;
+        let warm = match (&self.fast, self.image) {
             (Some(fast), _) => fast.ready(&mut guest.store, &instance),
             (None, true) => run_turn(&mut guest.store, &instance, &WARM_TURN),
             (None, false) => prologue(&mut guest.store, &instance)
@@ -539,6 +543,12 @@ impl Shared {
         })?;
         Ok(Ready { guest, instance })
     }
+}
+
+fn exported_memory(guest: &mut Guest, instance: &Instance) -> Result<wasmtime::Memory> {
+    instance
+        .get_memory(&mut guest.store, "memory")
+        .ok_or_else(|| Error::Engine("calibration: python exports no memory".into()))
 }
 
 /// Words of an MT19937 state (CPython's `random` and numpy's legacy `RandomState` both use it).
@@ -679,7 +689,7 @@ fn warmup_code(preimport: &[String]) -> String {
     // image is then ready as it is, and instances need no warm-up turn (see `FastReady`).
     code.push_str(&format!(
         "__wasmbox__.run(\"print('', end='')\", False, {}, '/workspace')\n",
-        literal(&BASE_ENV.iter().copied().collect::<BTreeMap<_, _>>())
+        literal(&base_env())
     ));
     // Everything imported so far lives as long as the image: keep the cyclic GC from walking
     // (and so copying on write) the whole heap in every sandbox.
@@ -743,33 +753,26 @@ fn build_image(paths: &PythonPaths, preimport: &[String]) -> Result<Vec<u8>> {
     let code = warmup_code(preimport);
     let started = std::time::Instant::now();
     // The warm-up needs a guest thread's stack, like every wasm run.
-    std::thread::scope(|scope| {
-        std::thread::Builder::new()
-            .stack_size(engine::GUEST_THREAD_STACK)
-            .spawn_scoped(scope, || {
-                snapshot::build(&warm_engine, &wasm, "python image", |module| {
-                    let mut guest = Guest::unarmed(&warm_engine, &paths.spec(), &BTreeMap::new())?;
-                    let instance = linker
-                        .instantiate(&mut guest.store, module)
-                        .map_err(engine_err)?;
-                    prologue(&mut guest.store, &instance)
-                        .and_then(|()| run_turn(&mut guest.store, &instance, &code))
-                        .map_err(|e| {
-                            Error::Engine(format!(
-                                "the image warm-up failed: {e:#}: {}",
-                                guest.take_stderr()
-                            ))
-                        })?;
-                    tracing::info!(
-                        "python image: imports done in {:.1} s",
-                        started.elapsed().as_secs_f64()
-                    );
-                    Ok(guest.into_parts(instance))
-                })
-            })
-            .expect("spawning the warm-up thread")
-            .join()
-            .map_err(|_| Error::Engine("the image warm-up thread panicked".into()))?
+    on_guest_stack("image warm-up", || {
+        snapshot::build(&warm_engine, &wasm, "python image", |module| {
+            let mut guest = Guest::unarmed(&warm_engine, &paths.spec(), &BTreeMap::new())?;
+            let instance = linker
+                .instantiate(&mut guest.store, module)
+                .map_err(engine_err)?;
+            prologue(&mut guest.store, &instance)
+                .and_then(|()| run_turn(&mut guest.store, &instance, &code))
+                .map_err(|e| {
+                    Error::Engine(format!(
+                        "the image warm-up failed: {e:#}: {}",
+                        guest.take_stderr()
+                    ))
+                })?;
+            tracing::info!(
+                "python image: imports done in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(guest.into_parts(instance))
+        })
     })
 }
 
@@ -808,7 +811,7 @@ fn user_turn(req: &ExecRequest) -> String {
         .place
         .as_ref()
         .map_or(WORKSPACE_GUEST, |p| p.cwd.as_str());
-    let mut full: BTreeMap<&str, &str> = BASE_ENV.iter().copied().collect();
+    let mut full = base_env();
     full.insert("PWD", cwd);
     for (k, v) in &req.env {
         full.insert(k, v);
