@@ -308,3 +308,78 @@ async fn two_servers_on_one_data_dir_never_take_each_others_live_sandboxes() {
     wait_gone(first_pid).await;
     check_recovered(&second, &id).await;
 }
+
+/// Without a data directory, everything a server writes on the host (one-shots' and ready
+/// instances' scratch dirs, sandboxes) lives under one `wasmbox-run-<pid>-*` root in its temp
+/// dir: gone when it exits, and, when it was killed, removed by the next server to start there.
+#[tokio::test]
+async fn scratch_of_a_killed_server_is_removed_by_the_next() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tmpdir = tmp.path().to_str().unwrap();
+    let roots = |pid: u32| {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(&format!("wasmbox-run-{pid}-")))
+            })
+            .map(|e| e.path())
+            .collect::<Vec<_>>()
+    };
+    let (c, pid) = common::server_with_pid(&[("TMPDIR", tmpdir)]).await;
+    let id = create_sandbox(&c, json!({"template_id": "code-interpreter"})).await;
+    ok(
+        &c,
+        "file_write",
+        json!({"sandbox_id": id, "path": "/workspace/kept.txt", "content": "x"}),
+    )
+    .await;
+    assert_eq!(common::py(&c, "print(1)").await["stdout"], "1\n");
+    let mine = roots(pid);
+    assert_eq!(mine.len(), 1, "one scratch root per process: {mine:?}");
+    let nothing_else = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| !mine.contains(p))
+        .collect::<Vec<_>>();
+    assert!(
+        nothing_else.is_empty(),
+        "left outside the root: {nothing_else:?}"
+    );
+    let under_root = walk(&mine[0]);
+    assert!(
+        under_root.iter().any(|p| p.ends_with("kept.txt")),
+        "the sandbox's files are under the root: {under_root:?}"
+    );
+    // SAFETY: kills the server this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    wait_gone(pid).await;
+    drop(c);
+    assert_eq!(roots(pid).len(), 1, "a killed server cannot clean up");
+
+    let (c2, pid2) = common::server_with_pid(&[("TMPDIR", tmpdir)]).await;
+    assert_eq!(common::py(&c2, "print(2)").await["stdout"], "2\n");
+    assert!(roots(pid).is_empty(), "the dead server's root must go");
+    assert_eq!(roots(pid2).len(), 1);
+    c2.cancel().await.unwrap();
+    wait_gone(pid2).await;
+    assert!(
+        roots(pid2).is_empty(),
+        "a server that exits removes its root"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}

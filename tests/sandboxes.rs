@@ -184,11 +184,20 @@ async fn expiry_removes_the_sandbox_and_its_files() {
         json!({"sandbox_id": id, "path": "keep.txt", "content": "x"}),
     )
     .await;
+    // Without a data directory: `<TMPDIR>/wasmbox-run-<pid>-*/sandboxes-*/<id>`.
     let find = || {
-        std::fs::read_dir(tmp.path())
-            .unwrap()
-            .flatten()
-            .map(|e| e.path().join(&id))
+        let subdirs = |d: &std::path::Path| {
+            std::fs::read_dir(d)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect::<Vec<_>>()
+        };
+        subdirs(tmp.path())
+            .iter()
+            .flat_map(|root| subdirs(root))
+            .map(|p| p.join(&id))
             .find(|p| p.exists())
     };
     let dir = find().expect("the sandbox's directory exists on the host while it lives");

@@ -422,10 +422,11 @@ fn scratch_dir(prefix: &str) -> Result<tempfile::TempDir> {
         .map_err(|e| Error::io(root, e))
 }
 
-/// The directory all of this process's scratch directories live in (`wasmbox-run-<pid>-*` in
-/// the temp dir). It is removed at exit, with whatever ready instances and spare pairs still
-/// hold; roots of processes that died without exiting are removed by the next to start.
-fn scratch_root() -> Result<&'static Path> {
+/// The directory all of this process's scratch directories (and, without a data directory, its
+/// sandboxes) live in: `wasmbox-run-<pid>-*` in the temp dir. It is removed at exit, with
+/// whatever ready instances and spare pairs still hold; roots of processes that died without
+/// exiting are removed by the next to start.
+pub(crate) fn scratch_root() -> Result<&'static Path> {
     static ROOT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     if let Some(root) = ROOT.get() {
         return Ok(root);

@@ -418,11 +418,16 @@ impl Sandboxes {
     /// sandboxes a previous server left there are adopted and expired ones removed.
     pub fn new(config: SandboxConfig) -> std::io::Result<Arc<Self>> {
         let root = match &config.data_dir {
-            None => Root::Temp(
-                tempfile::Builder::new()
-                    .prefix("wasmbox-sandboxes-")
-                    .tempdir()?,
-            ),
+            // Under the process's scratch root, so a killed server's sandboxes are removed by
+            // the next start, like its one-shots' directories.
+            None => {
+                let scratch = crate::lang::guest::scratch_root().map_err(std::io::Error::other)?;
+                Root::Temp(
+                    tempfile::Builder::new()
+                        .prefix("sandboxes-")
+                        .tempdir_in(scratch)?,
+                )
+            }
             Some(d) => {
                 let dir = d.join("sandboxes");
                 let mut b = std::fs::DirBuilder::new();
