@@ -79,6 +79,14 @@ async def main() -> int:
                 good = not res.is_error and ok(obj) and res.structured_content == obj
                 failed += not good
                 print(("ok  " if good else "FAIL"), name, json.dumps(args)[:60], "->", json.dumps(obj)[:160])
+            # JavaScript instances start from one snapshot, yet each draws its own numbers.
+            draws = []
+            for _ in range(2):
+                res = await session.call_tool("execute_code", {"code": "console.log(Math.random())", "language": "js"})
+                draws.append(json.loads(res.content[0].text)["stdout"])
+            good = draws[0] != draws[1]
+            failed += not good
+            print(("ok  " if good else "FAIL"), "two JS one-shots, Math.random ->", [d.strip() for d in draws])
             # A persistent sandbox, as an assistant uses one.
             created = json.loads((await session.call_tool("create_sandbox", {"template_id": "code-interpreter"})).content[0].text)
             sid = created["id"]

@@ -122,9 +122,11 @@ impl<T: Send + 'static> Pool<T> {
         }
     }
 
-    /// Wakes a refill thread if the pool is below its target.
+    /// Wakes a refill thread if the pool is below its target (after the reply, on a guest
+    /// thread).
     pub fn refill(&self) {
-        self.shared.wake.notify_one();
+        let shared = self.shared.clone();
+        crate::engine::threads::after_reply(move || shared.wake.notify_one());
     }
 
     /// A ready instance, made now on the caller's thread when the pool is empty (the
