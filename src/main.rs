@@ -134,15 +134,16 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             calls_per_token,
         } => {
             let dir = config_dir(&wasmbox);
-            let (tokens, generated) =
-                wasmbox::mcp::serve::http_tokens(std::env::var("WASMBOX_TOKEN").ok(), &dir)?;
+            let from_env = std::env::var("WASMBOX_TOKEN").ok();
+            let chosen = from_env.is_some();
+            let (tokens, generated) = wasmbox::mcp::serve::http_tokens(from_env, &dir)?;
             match generated {
                 Some(path) => eprintln!(
                     "wasmbox: generated an HTTP bearer token (saved in {}; set WASMBOX_TOKEN to choose your own):\n  {}",
                     path.display(),
                     tokens[0]
                 ),
-                None if std::env::var("WASMBOX_TOKEN").is_err() => eprintln!(
+                None if !chosen => eprintln!(
                     "wasmbox: HTTP bearer token in {}",
                     dir.join("http-token").display()
                 ),

@@ -105,6 +105,14 @@ async fn tokens_are_required_and_each_token_sees_only_its_own_sandboxes() {
         );
     }
 
+    // Counts are per token too: Bob's health and metrics do not reveal Alice's sandbox.
+    let h = ok(&bob, "health", json!({})).await;
+    assert_eq!(h["sandboxes"], 0, "{h}");
+    let m = ok(&bob, "get_system_metrics", json!({})).await;
+    assert_eq!(m["sandboxes"]["live"], 0, "{m}");
+    let h = ok(&alice, "health", json!({})).await;
+    assert_eq!(h["sandboxes"], 1, "{h}");
+
     // Alice still has it, untouched.
     let listed = ok(&alice, "list_sandboxes", json!({})).await;
     assert_eq!(listed["data"].as_array().unwrap().len(), 1);

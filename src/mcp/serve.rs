@@ -64,10 +64,10 @@ struct TokenEntry {
     owner: Owner,
 }
 
-/// A token's owner id: a fingerprint, so that the token itself is never stored or logged.
-pub fn owner_of(token: &str) -> String {
-    let d = Sha256::digest(token.as_bytes());
-    format!("token-{}", hex::encode(&d[..8]))
+/// A token's owner id, from its digest: a fingerprint, so that the token itself is never stored
+/// or logged.
+fn owner_id(digest: &[u8; 32]) -> String {
+    format!("token-{}", hex::encode(&digest[..8]))
 }
 
 /// Serves MCP's streamable HTTP transport at `/mcp` until SIGINT/SIGTERM, every request
@@ -87,13 +87,16 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
     let tokens: Arc<Vec<TokenEntry>> = Arc::new(
         opts.tokens
             .iter()
-            .map(|t| TokenEntry {
-                digest: Sha256::digest(t.as_bytes()).into(),
-                owner: Owner {
-                    id: owner_of(t).into(),
-                    calls: Arc::new(tokio::sync::Semaphore::new(opts.calls_per_token)),
-                    max_calls: opts.calls_per_token,
-                },
+            .map(|t| {
+                let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
+                TokenEntry {
+                    digest,
+                    owner: Owner {
+                        id: owner_id(&digest).into(),
+                        calls: Arc::new(tokio::sync::Semaphore::new(opts.calls_per_token)),
+                        max_calls: opts.calls_per_token,
+                    },
+                }
             })
             .collect(),
     );

@@ -1609,7 +1609,8 @@ impl WasmboxServer {
             "location": "local",
             "uptime_seconds": self.wasmbox.uptime().as_secs_f64(),
             "executions": self.wasmbox.executions(),
-            "sandboxes": self.wasmbox.sandboxes().len(),
+            // The caller's own: over HTTP, one token must not learn about another's.
+            "sandboxes": self.wasmbox.sandboxes().count(&self.owner),
             "runtimes": self.runtimes_json(),
             "go_cache": self.wasmbox.go_cache_stats(),
         }))
@@ -1624,7 +1625,10 @@ impl WasmboxServer {
             "pools": self.wasmbox.pool_stats(),
             "memory": {"rss_bytes": rss_bytes()},
             "max_concurrency": self.wasmbox.config().max_concurrency,
-            "sandboxes": {"live": sandboxes.len(), "max": sandboxes.config.max_live},
+            "sandboxes": {
+                "live": sandboxes.count(&self.owner),
+                "max": sandboxes.config.max_live.min(sandboxes.config.max_per_owner),
+            },
         });
         if let Some(id) = a.sandbox_id.filter(|s| !s.is_empty()) {
             match self.sandbox(&id, "sandbox_id") {

@@ -689,6 +689,17 @@ impl Sandboxes {
         self.map.lock().unwrap().len()
     }
 
+    /// How many live sandboxes `owner` has (what that owner may be told; [`Sandboxes::len`]
+    /// counts every owner's).
+    pub fn count(&self, owner: &str) -> usize {
+        self.map
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| s.owner == owner)
+            .count()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
