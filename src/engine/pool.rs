@@ -10,7 +10,7 @@
 //! pool never fills, so no CPU goes to polish; between requests every ready instance gets it.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -42,6 +42,9 @@ struct Shared<T> {
     target: usize,
     factory: Factory<T>,
     polish: Option<Polish<T>>,
+    /// Instances taken out of `ready` to be polished; they still count towards `target`, so
+    /// other refill threads do not make replacements for them. Changed only under `ready`'s lock.
+    polishing: AtomicUsize,
     stop: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -81,6 +84,7 @@ impl<T: Send + 'static> Pool<T> {
             target,
             factory: Box::new(factory),
             polish,
+            polishing: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -196,21 +200,22 @@ fn refill<T>(s: Arc<Shared<T>>) {
                 if s.stop.load(Ordering::Relaxed) {
                     return;
                 }
-                if ready.len() < s.target {
+                if ready.len() + s.polishing.load(Ordering::Relaxed) < s.target {
                     break Next::Make;
                 }
                 // Full: polish the newest unpolished instance (they are at the back).
                 if s.polish.is_some() && ready.back().is_some_and(|i| !i.polished) {
+                    s.polishing.fetch_add(1, Ordering::Relaxed);
                     break Next::Polish(ready.pop_back().expect("not empty").t);
                 }
                 ready = s.wake.wait(ready).unwrap();
             }
         };
-        let made = match next {
-            Next::Make => (s.factory)().map(|t| Item { t, polished: false }),
+        let (made, polished) = match next {
+            Next::Make => ((s.factory)().map(|t| Item { t, polished: false }), false),
             Next::Polish(mut t) => {
                 let polish = s.polish.as_ref().expect("polish is set");
-                polish(&mut t).map(|()| Item { t, polished: true })
+                (polish(&mut t).map(|()| Item { t, polished: true }), true)
             }
         };
         match made {
@@ -218,15 +223,20 @@ fn refill<T>(s: Arc<Shared<T>>) {
                 s.made
                     .fetch_add(u64::from(!item.polished), Ordering::Relaxed);
                 let mut ready = s.ready.lock().unwrap();
-                if item.polished {
+                if polished {
+                    s.polishing.fetch_sub(1, Ordering::Relaxed);
                     ready.push_front(item);
-                } else if ready.len() < s.target {
+                } else if ready.len() + s.polishing.load(Ordering::Relaxed) < s.target {
                     ready.push_back(item);
                 }
                 backoff = Duration::from_millis(100);
             }
             Err(e) => {
                 // A failed polish loses that instance; the next round makes another.
+                if polished {
+                    let _ready = s.ready.lock().unwrap();
+                    s.polishing.fetch_sub(1, Ordering::Relaxed);
+                }
                 s.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("pool {}: could not ready an instance: {e}", s.name);
                 std::thread::sleep(backoff);
@@ -236,6 +246,39 @@ fn refill<T>(s: Arc<Shared<T>>) {
         // The pool may outlive its users only until they drop it.
         if Arc::strong_count(&s) == 1 {
             return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With several refill threads, instances out being polished still count towards the
+    /// target: the others must not make replacements for them.
+    #[test]
+    fn polishing_never_overfills_the_pool() {
+        let polish: Polish<u32> = Box::new(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(())
+        });
+        let pool = Pool::new("test", 2, 3, || Ok(7u32), Some(polish));
+        for round in 0..3 {
+            assert!(
+                pool.wait_full(Duration::from_secs(10)),
+                "{:?}",
+                pool.stats()
+            );
+            // Stragglers (a make or a polish that finishes late) would land by now.
+            std::thread::sleep(Duration::from_millis(100));
+            let stats = pool.stats();
+            assert_eq!(
+                (stats.ready, stats.polished),
+                (2, 2),
+                "round {round}: {stats:?}"
+            );
+            assert_eq!(pool.take(), Some(7));
+            pool.refill();
         }
     }
 }
