@@ -98,8 +98,8 @@ fn main() -> ExitCode {
         .build()
         .expect("tokio runtime");
     let outcome = runtime.block_on(real_main(cli));
-    // Not a plain drop: that would wait for blocking tasks, such as the stdin reader of a
-    // server told to stop by SIGTERM while its client is still connected.
+    // Not a plain drop: that would wait for blocking tasks, such as the stdin reader (stdin not
+    // a pipe) of a server told to stop by SIGTERM while its client is still connected.
     runtime.shutdown_timeout(std::time::Duration::from_millis(500));
     match outcome {
         Ok(code) => code,

@@ -173,3 +173,77 @@ fn malformed_json_rpc_does_not_kill_the_server() {
     drop(stdin);
     let _ = child.wait();
 }
+
+/// Node's `child_process` (Claude Desktop, Cursor, VS Code, the Inspector) hands a server
+/// sockets, not pipes, for stdin and stdout. The server drives them on its reactor, answers over
+/// them, and exits when the client closes its end.
+#[test]
+fn serves_over_sockets_as_node_launchers_give_them() {
+    use std::os::unix::net::UnixStream;
+    prepare();
+    let (client_in, server_in) = UnixStream::pair().unwrap();
+    let (client_out, server_out) = UnixStream::pair().unwrap();
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .env("RUST_LOG", "wasmbox=debug")
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(server_in)))
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(server_out)))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = client_in;
+    let mut out = BufReader::new(client_out);
+    let mut ask = |id: u64, method: &str, params: Value| -> Value {
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        stdin.write_all(format!("{msg}\n").as_bytes()).unwrap();
+        if method == "initialize" {
+            stdin
+                .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")
+                .unwrap();
+        }
+        loop {
+            let mut line = String::new();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "server closed stdout"
+            );
+            let v: Value = serde_json::from_str(&line).expect("only JSON-RPC on stdout");
+            if v["id"] == id {
+                return v;
+            }
+        }
+    };
+    let init = ask(
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "sockets", "version": "0"}}),
+    );
+    assert_eq!(init["result"]["serverInfo"]["name"], "wasmbox", "{init}");
+    for (id, code, want) in [(2, "print(6*7)", "42\n"), (3, "print('again')", "again\n")] {
+        let r = ask(
+            id,
+            "tools/call",
+            json!({"name": "execute_code", "arguments": {"code": code}}),
+        );
+        assert_eq!(r["result"]["structuredContent"]["stdout"], want, "{r}");
+    }
+    drop(stdin);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server did not exit when its stdin socket closed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(
+        log.contains("stdio: non-blocking sockets"),
+        "the sockets were not driven by the reactor:\n{log}"
+    );
+}

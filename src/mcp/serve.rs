@@ -16,9 +16,7 @@ use crate::Wasmbox;
 /// Serves MCP over stdin/stdout until the client closes the connection.
 pub async fn serve_stdio(wasmbox: Wasmbox) -> anyhow::Result<()> {
     warm_up(&wasmbox);
-    let service = WasmboxServer::new(wasmbox)
-        .serve(rmcp::transport::stdio())
-        .await?;
+    let service = WasmboxServer::new(wasmbox).serve(stdio()).await?;
     // The client closing stdin ends the server; so does SIGTERM/SIGINT. Either way sandboxes'
     // files stay for the next start (with a data directory).
     tokio::select! {
@@ -26,6 +24,54 @@ pub async fn serve_stdio(wasmbox: Wasmbox) -> anyhow::Result<()> {
         _ = shutdown_signal() => tracing::info!("shutting down on a signal"),
     }
     Ok(())
+}
+
+type Reader = std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>;
+type Writer = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
+/// stdin and stdout for the protocol, read and written on the reactor when they are pipes (how
+/// Python's SDK starts a server) or sockets (Node's `child_process`: Claude Desktop, Cursor,
+/// VS Code, the Inspector). tokio's own stdin/stdout go through its blocking pool, a thread
+/// hand-off each way: ~0.1-0.35 ms a call on this machine. Anything else (a terminal, a file)
+/// keeps those blocking handles.
+fn stdio() -> (Reader, Writer) {
+    if let Some((r, w)) = stdio_sockets() {
+        tracing::debug!("stdio: non-blocking sockets");
+        return (Box::pin(r), Box::pin(w));
+    }
+    // FIFOs are reopened through /proc, so O_NONBLOCK stays off the inherited descriptions;
+    // anything but a FIFO falls back to tokio's blocking handles.
+    let (r, w) = rmcp::transport::stdio_pipes();
+    (Box::pin(r), Box::pin(w))
+}
+
+/// stdin and stdout as non-blocking sockets, when both are. A socket cannot be reopened with
+/// its own flags, so O_NONBLOCK lands on the inherited description: harmless, since nothing else
+/// here reads stdin or writes stdout, and children get neither; but not when stderr shares
+/// stdout's socket (`2>&1`), whose log writes must not fail with EAGAIN.
+fn stdio_sockets() -> Option<(tokio::net::UnixStream, tokio::net::UnixStream)> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let socket = |fd: std::os::fd::BorrowedFd<'_>| {
+        let owned = fd.try_clone_to_owned().ok()?;
+        let meta = std::fs::File::from(owned.try_clone().ok()?)
+            .metadata()
+            .ok()?;
+        meta.file_type()
+            .is_socket()
+            .then_some((owned, (meta.dev(), meta.ino())))
+    };
+    let (input, _) = socket(std::io::stdin().as_fd())?;
+    let (output, out_id) = socket(std::io::stdout().as_fd())?;
+    if socket(std::io::stderr().as_fd()).is_some_and(|(_, err_id)| err_id == out_id) {
+        return None;
+    }
+    let stream = |fd: std::os::fd::OwnedFd| {
+        let s = std::os::unix::net::UnixStream::from(fd);
+        s.set_nonblocking(true).ok()?;
+        tokio::net::UnixStream::from_std(s).ok()
+    };
+    Some((stream(input)?, stream(output)?))
 }
 
 /// Loads the runtimes in the background so the first call does not pay for it, while the
