@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -15,7 +16,7 @@ use wasmtime::{Engine, Instance, InstancePre, Module, Store};
 use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
 };
-use super::{ExecRequest, ExecResult, Language};
+use super::{ExecRequest, ExecResult, Language, Place};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Pool, PoolStats};
 use crate::engine::threads::on_guest_stack;
@@ -42,11 +43,29 @@ pub fn module_path(runtimes_dir: &Path) -> PathBuf {
 /// `wb_init`, so an instance starts with its context made and the prelude run: creating one
 /// parses the prelude, about 4 ms) pre-linked once, and a pool of instances made ahead of time.
 pub struct JsRuntime {
+    shared: Arc<Shared>,
+    pool: Pool<Ready>,
+}
+
+/// What every instance is made from; the pool's refill threads hold it too.
+struct Shared {
     engine: Engine,
     pre: InstancePre<GuestState>,
     /// Instances start initialised (false only if the image could not be built).
     image: bool,
-    pool: Pool<Ready>,
+}
+
+impl Shared {
+    /// A new context, made in `place`'s directories or fresh ones, not yet armed with a
+    /// request's limits.
+    fn instantiate_in(&self, place: Option<&Place>) -> Result<Ready> {
+        let mut guest = Guest::unarmed_in(&self.engine, &spec(), &BTreeMap::new(), place)?;
+        let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
+        if !self.image {
+            init(&mut guest.store, &instance).map_err(engine_err)?;
+        }
+        Ok(Ready { guest, instance })
+    }
 }
 
 /// An instance whose context is initialised and has never run user code.
@@ -82,27 +101,20 @@ impl JsRuntime {
         let pre = wasi_linker(engine)?
             .instantiate_pre(&module)
             .map_err(engine_err)?;
-        let (e, p) = (engine.clone(), pre.clone());
+        let shared = Arc::new(Shared {
+            engine: engine.clone(),
+            pre,
+            image,
+        });
+        let s = shared.clone();
         let pool = Pool::new(
             "javascript",
             pool_size,
             1,
-            move || {
-                let mut guest = Guest::unarmed(&e, &spec(), &BTreeMap::new())?;
-                let instance = start(&p, &mut guest.store, image).map_err(engine_err)?;
-                Ok(Ready { guest, instance })
-            },
+            move || s.instantiate_in(None),
             None,
         );
-        Ok((
-            Self {
-                engine: engine.clone(),
-                pre,
-                image,
-                pool,
-            },
-            origin,
-        ))
+        Ok((Self { shared, pool }, origin))
     }
 
     pub fn pool_stats(&self) -> PoolStats {
@@ -111,7 +123,7 @@ impl JsRuntime {
 
     /// Whether instances start from the pre-initialised image.
     pub fn has_image(&self) -> bool {
-        self.image
+        self.shared.image
     }
 
     /// Runs `req` in a ready context (from the pool, or made now) and drops it. Blocking: call
@@ -122,42 +134,11 @@ impl JsRuntime {
             instance,
         } = match &req.place {
             None => self.pool.take_or_make()?,
-            Some(place) => {
-                let mut guest =
-                    Guest::unarmed_in(&self.engine, &spec(), &BTreeMap::new(), Some(place))?;
-                let instance =
-                    start(&self.pre, &mut guest.store, self.image).map_err(engine_err)?;
-                Ready { guest, instance }
-            }
+            Some(place) => self.shared.instantiate_in(Some(place))?,
         };
         guest.arm(req);
-        let flags = if looks_like_module(&req.code) {
-            FLAG_MODULE
-        } else if req.echo {
-            FLAG_ECHO
-        } else {
-            0
-        };
-        // The context was created before the call's env was known: set process.env now, unless
-        // it is the base environment the context was made with (a plain one-shot).
-        let mut setup = String::new();
-        if !req.env.is_empty() || req.place.is_some() {
-            setup = env_setup(&req.env);
-        }
-        if let Some(place) = &req.place {
-            setup.push_str(&chdir(&place.cwd));
-        }
-        let outcome = if setup.is_empty() {
-            Ok(0)
-        } else {
-            eval(&mut guest.store, &instance, &setup, 0)
-        }
-        .and_then(|s| {
-            if s != 0 {
-                wasmtime::bail!("setting process.env failed with status {s}");
-            }
-            eval(&mut guest.store, &instance, &req.code, flags)
-        });
+        // A plain one-shot's context was made with the base environment: nothing to reset.
+        let outcome = run(&mut guest.store, &instance, req, req.place.is_some());
         let result = guest.finish(outcome, Language::JavaScript);
         if req.place.is_none() {
             self.pool.refill();
@@ -168,8 +149,11 @@ impl JsRuntime {
     /// Starts a session: one context whose globals persist across [`JsSession::eval`] calls.
     /// `req` gives the session's env and limits (its code is not run).
     pub fn session(&self, req: &ExecRequest) -> Result<JsSession> {
-        let mut guest = Guest::new(&self.engine, req, &spec())?;
-        let instance = start(&self.pre, &mut guest.store, self.image).map_err(engine_err)?;
+        let Ready {
+            mut guest,
+            instance,
+        } = self.shared.instantiate_in(req.place.as_ref())?;
+        guest.arm(req);
         Ok(JsSession {
             guest,
             instance,
@@ -222,23 +206,8 @@ impl JsSession {
                 Language::JavaScript,
             );
         }
-        let mut setup = env_setup(&req.env);
-        if let Some(place) = &req.place {
-            setup.push_str(&chdir(&place.cwd));
-        }
-        let flags = if looks_like_module(&req.code) {
-            FLAG_MODULE
-        } else if req.echo {
-            FLAG_ECHO
-        } else {
-            0
-        };
-        let outcome = eval(&mut self.guest.store, &self.instance, &setup, 0).and_then(|s| {
-            if s != 0 {
-                wasmtime::bail!("setting process.env and the working directory failed ({s})");
-            }
-            eval(&mut self.guest.store, &self.instance, &req.code, flags)
-        });
+        // The sandbox's env may have changed since the last call, or lost a variable.
+        let outcome = run(&mut self.guest.store, &self.instance, req, true);
         self.alive = outcome.is_ok();
         self.guest.result(outcome, Language::JavaScript)
     }
@@ -246,6 +215,38 @@ impl JsSession {
     pub fn alive(&self) -> bool {
         self.alive
     }
+}
+
+/// Runs `req.code` (echoing a final expression when `req.echo`), after setting `process.env`
+/// to the base environment plus the call's (when `reset_env` or the call has env) and moving to
+/// the sandbox's working directory (when it has one): a context is made before its call is known.
+fn run(
+    store: &mut Store<GuestState>,
+    instance: &Instance,
+    req: &ExecRequest,
+    reset_env: bool,
+) -> wasmtime::Result<i32> {
+    let mut setup = String::new();
+    if reset_env || !req.env.is_empty() {
+        setup = env_setup(&req.env);
+    }
+    if let Some(place) = &req.place {
+        setup.push_str(&chdir(&place.cwd));
+    }
+    if !setup.is_empty() {
+        let status = eval(store, instance, &setup, 0)?;
+        if status != 0 {
+            wasmtime::bail!("setting process.env and the working directory failed ({status})");
+        }
+    }
+    let flags = if looks_like_module(&req.code) {
+        FLAG_MODULE
+    } else if req.echo {
+        FLAG_ECHO
+    } else {
+        0
+    };
+    eval(store, instance, &req.code, flags)
 }
 
 /// Replaces `process.env` with the base environment plus the call's.
@@ -273,19 +274,6 @@ fn spec() -> GuestSpec<'static> {
         base_env: BASE_ENV,
         read_only: Vec::new(),
     }
-}
-
-/// Instantiates `pre`; unless it is the image, also initialises the runtime and its context.
-fn start(
-    pre: &InstancePre<GuestState>,
-    store: &mut Store<GuestState>,
-    image: bool,
-) -> wasmtime::Result<Instance> {
-    let instance = pre.instantiate(&mut *store)?;
-    if !image {
-        init(store, &instance)?;
-    }
-    Ok(instance)
 }
 
 /// `_initialize` and `wb_init`: what the image's snapshot was taken after.
