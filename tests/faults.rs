@@ -317,15 +317,13 @@ async fn scratch_of_a_killed_server_is_removed_by_the_next() {
     let tmp = tempfile::tempdir().unwrap();
     let tmpdir = tmp.path().to_str().unwrap();
     let roots = |pid: u32| {
-        std::fs::read_dir(tmp.path())
-            .unwrap()
-            .flatten()
-            .filter(|e| {
-                e.file_name()
-                    .to_str()
+        common::entries(tmp.path())
+            .into_iter()
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
                     .is_some_and(|n| n.starts_with(&format!("wasmbox-run-{pid}-")))
             })
-            .map(|e| e.path())
             .collect::<Vec<_>>()
     };
     let (c, pid) = common::server_with_pid(&[("TMPDIR", tmpdir)]).await;
@@ -339,17 +337,15 @@ async fn scratch_of_a_killed_server_is_removed_by_the_next() {
     assert_eq!(common::py(&c, "print(1)").await["stdout"], "1\n");
     let mine = roots(pid);
     assert_eq!(mine.len(), 1, "one scratch root per process: {mine:?}");
-    let nothing_else = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
+    let nothing_else = common::entries(tmp.path())
+        .into_iter()
         .filter(|p| !mine.contains(p))
         .collect::<Vec<_>>();
     assert!(
         nothing_else.is_empty(),
         "left outside the root: {nothing_else:?}"
     );
-    let under_root = walk(&mine[0]);
+    let under_root = common::walk(&mine[0]);
     assert!(
         under_root.iter().any(|p| p.ends_with("kept.txt")),
         "the sandbox's files are under the root: {under_root:?}"
@@ -370,16 +366,4 @@ async fn scratch_of_a_killed_server_is_removed_by_the_next() {
         roots(pid2).is_empty(),
         "a server that exits removes its root"
     );
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        }
-        out.push(p);
-    }
-    out
 }

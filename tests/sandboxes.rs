@@ -186,17 +186,9 @@ async fn expiry_removes_the_sandbox_and_its_files() {
     .await;
     // Without a data directory: `<TMPDIR>/wasmbox-run-<pid>-*/sandboxes-*/<id>`.
     let find = || {
-        let subdirs = |d: &std::path::Path| {
-            std::fs::read_dir(d)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-                .collect::<Vec<_>>()
-        };
-        subdirs(tmp.path())
+        entries(tmp.path())
             .iter()
-            .flat_map(|root| subdirs(root))
+            .flat_map(|root| entries(root))
             .map(|p| p.join(&id))
             .find(|p| p.exists())
     };

@@ -204,3 +204,25 @@ impl HttpServer {
         ().serve(transport).await.map_err(|e| e.to_string())
     }
 }
+
+/// The entries of `dir`; none if it cannot be read.
+pub fn entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Everything under `dir`, files and directories.
+pub fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for p in entries(dir) {
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
