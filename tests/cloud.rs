@@ -71,6 +71,14 @@ fn cloud(fake: &FakeHopx) -> Cloud {
     Cloud::new(config(fake, Some(API_KEY))).unwrap()
 }
 
+/// A code-interpreter sandbox started in the fake cloud.
+async fn started(cloud: &Cloud) -> Sandbox {
+    cloud
+        .start(&CreateSandbox::new("code-interpreter"))
+        .await
+        .unwrap()
+}
+
 fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
@@ -189,10 +197,7 @@ async fn a_failing_program_is_a_result_not_an_error() {
 async fn commands_files_env_and_processes_in_one_sandbox() {
     let fake = FakeHopx::start().await;
     let cloud = cloud(&fake);
-    let sb = cloud
-        .start(&CreateSandbox::new("code-interpreter"))
-        .await
-        .unwrap();
+    let sb = started(&cloud).await;
 
     let mut cmd = CommandRequest::new("ls -la | wc -l");
     cmd.env = env(&[("X", "y")]);
@@ -563,10 +568,7 @@ async fn an_expired_token_is_refreshed_before_use() {
 async fn an_agent_401_refreshes_the_token_and_resends_once() {
     let fake = FakeHopx::start().await;
     let cloud = cloud(&fake);
-    let sb = cloud
-        .start(&CreateSandbox::new("code-interpreter"))
-        .await
-        .unwrap();
+    let sb = started(&cloud).await;
     let id = sb.id().to_string();
     fake.revoke_token(&id);
     let out = sb
@@ -719,10 +721,7 @@ async fn creation_is_never_retried_but_idempotent_calls_are() {
 async fn connect_attaches_to_an_existing_sandbox() {
     let fake = FakeHopx::start().await;
     let cloud = cloud(&fake);
-    let first = cloud
-        .start(&CreateSandbox::new("code-interpreter"))
-        .await
-        .unwrap();
+    let first = started(&cloud).await;
     let again = cloud.connect(first.id()).await.unwrap();
     assert_eq!(again.agent_url(), first.agent_url());
     let out = again
@@ -754,10 +753,7 @@ async fn idempotent_calls_are_retried_after_a_timeout() {
     let mut c = config(&fake, Some(API_KEY));
     c.request_timeout = Duration::from_millis(300);
     let cloud = Cloud::new(c).unwrap();
-    let sb = cloud
-        .start(&CreateSandbox::new("code-interpreter"))
-        .await
-        .unwrap();
+    let sb = started(&cloud).await;
     sb.write_file("/workspace/x", "1").await.unwrap();
     fake.fail(
         Method::GET,
@@ -887,10 +883,7 @@ async fn the_api_key_never_leaks_into_logs_errors_or_results() {
     assert!(err.to_string().contains("key=***"), "{err}");
     texts.push(err.to_string());
 
-    let sb = cloud
-        .start(&CreateSandbox::new("code-interpreter"))
-        .await
-        .unwrap();
+    let sb = started(&cloud).await;
     texts.push(format!("{sb:?}"));
     texts.push(format!("{cloud:?}"));
     texts.push(format!("{:?}", cloud.config()));
