@@ -141,3 +141,59 @@ async fn giant_inputs_and_too_many_of_anything_are_clear_errors() {
     assert_eq!(py(&c, "print(2)").await["stdout"], "2\n");
     c.cancel().await.unwrap();
 }
+
+/// Context switches of the server's epoch ticker threads so far.
+fn ticker_switches(pid: u32) -> u64 {
+    entries(std::path::Path::new(&format!("/proc/{pid}/task")))
+        .iter()
+        .filter(|t| {
+            std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.trim() == "wasmbox-epoch")
+        })
+        .filter_map(|t| std::fs::read_to_string(t.join("status")).ok())
+        .flat_map(|s| {
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// An idle server does not wake up 100 times a second per engine to advance epochs (a laptop's
+/// battery), yet the first guests after a quiet spell still stop at their deadlines.
+#[tokio::test]
+async fn an_idle_server_stops_ticking_and_deadlines_still_hold() {
+    let (c, pid) = server_with_pid(&[]).await;
+    let id = create_sandbox(&c, json!({})).await;
+    assert_eq!(py(&c, "print(1)").await["stdout"], "1\n");
+    // A second without a guest pauses the tickers.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let before = ticker_switches(pid);
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let woke = ticker_switches(pid) - before;
+    assert!(woke < 10, "the idle tickers woke {woke} times in a second");
+    // A one-shot loop after the quiet spell, and one in a session after another.
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        call(
+            &c,
+            "execute_code",
+            json!({"code": "while True: pass", "timeout": 1}),
+        ),
+    )
+    .await
+    .expect("the loop was never stopped: no ticker woke for its deadline");
+    assert_eq!(object(&r)["limit"], "timeout", "{:?}", r.content);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        persistent(&c, &id, "javascript", "for (;;) {}", 1),
+    )
+    .await
+    .expect("the session's loop was never stopped");
+    assert_eq!(r["limit"], "timeout", "{r}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    still_serving(&c, &id).await;
+    c.cancel().await.unwrap();
+}

@@ -2,6 +2,7 @@
 //! per-execution limits.
 
 pub mod cache;
+pub mod epoch;
 pub mod limits;
 pub mod pool;
 pub mod prefault;
@@ -98,13 +99,7 @@ fn start_epoch_ticker(engine: &Engine) {
     let weak = engine.weak();
     std::thread::Builder::new()
         .name("wasmbox-epoch".into())
-        .spawn(move || {
-            while let Some(engine) = weak.upgrade() {
-                engine.increment_epoch();
-                drop(engine);
-                std::thread::sleep(EPOCH_TICK);
-            }
-        })
+        .spawn(move || epoch::tick(weak))
         .expect("spawning the epoch ticker thread");
 }
 

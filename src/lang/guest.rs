@@ -62,6 +62,8 @@ pub struct Guest {
     stdout: CappedOutput,
     stderr: CappedOutput,
     start: Instant,
+    /// Between [`Guest::arm`] and [`Guest::result`]: keeps the epoch ticking for its deadline.
+    running: Option<crate::engine::epoch::Running>,
     /// Declared after `store`, so the guest's descriptors are closed before it is looked at.
     _scratch: Option<Scratch>,
 }
@@ -146,6 +148,7 @@ impl Guest {
             stdout,
             stderr,
             start,
+            running: None,
             _scratch: scratch,
         })
     }
@@ -163,6 +166,7 @@ impl Guest {
             Some(place) => self.watch(req.timeout, place),
         }
         self.start = Instant::now();
+        self.running.get_or_insert_with(Default::default);
     }
 
     /// A sandboxed guest's deadline goes through a callback that also ends it when its stop
@@ -236,12 +240,14 @@ impl Guest {
             language,
         );
         self.start = Instant::now();
+        self.running = None;
         r
     }
 
-    /// Restarts the clock that `execution_time` is measured from.
+    /// Restarts the clock that `execution_time` is measured from, for a call about to run.
     pub fn restart_clock(&mut self) {
         self.start = Instant::now();
+        self.running.get_or_insert_with(Default::default);
     }
 }
 
