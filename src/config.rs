@@ -16,6 +16,9 @@ pub struct Config {
     pub runtimes_dir: PathBuf,
     /// Where compiled modules are cached (outside the repo).
     pub cache_dir: PathBuf,
+    /// Compiled modules no process has loaded for this long are removed after `prepare`
+    /// (`None`: never).
+    pub cache_max_age: Option<Duration>,
     /// Limits used when a call gives none.
     pub default_limits: Limits,
     /// The most a call may ask for.
@@ -51,7 +54,8 @@ pub struct WebhookConfig {
 pub const MIB: usize = 1 << 20;
 
 impl Config {
-    /// Defaults, overridden by `WASMBOX_RUNTIMES`, `WASMBOX_CACHE`, `WASMBOX_MEMORY_MB`,
+    /// Defaults, overridden by `WASMBOX_RUNTIMES`, `WASMBOX_CACHE`,
+    /// `WASMBOX_CACHE_MAX_AGE_DAYS` (0: keep every compiled module), `WASMBOX_MEMORY_MB`,
     /// `WASMBOX_OUTPUT_BYTES`, `WASMBOX_CONCURRENCY`, `WASMBOX_PYTHON_PREIMPORT` (comma-separated
     /// modules, or `none` for no pre-initialised image), `WASMBOX_POOL_SIZE`,
     /// `WASMBOX_POOL_MEMORY_MB`, `WASMBOX_POOL_REFILL_THREADS`, `WASMBOX_POOLED_INSTANCES` (0 turns the
@@ -78,6 +82,10 @@ impl Config {
             cache_dir: std::env::var_os("WASMBOX_CACHE")
                 .map(PathBuf::from)
                 .unwrap_or_else(default_cache_dir),
+            cache_max_age: match env_num("WASMBOX_CACHE_MAX_AGE_DAYS").unwrap_or(14) {
+                0 => None,
+                days => Some(Duration::from_secs(days as u64 * 86400)),
+            },
             default_limits: Limits {
                 timeout: Duration::from_secs(30),
                 memory_bytes: memory,

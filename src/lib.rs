@@ -150,6 +150,19 @@ impl Wasmbox {
             .map(|(_, o)| (o, start.elapsed()));
         let start = Instant::now();
         let go = self.load_go().await.map(|(_, o)| (o, start.elapsed()));
+        if let Some(max_age) = self.inner.config.cache_max_age {
+            let cache = self.module_cache().clone();
+            let pruned = tokio::task::spawn_blocking(move || cache.prune_stale(max_age)).await;
+            if let Ok((files, bytes)) = pruned
+                && files > 0
+            {
+                tracing::info!(
+                    "module cache: removed {files} compiled module(s) unused for {} days ({} MB)",
+                    max_age.as_secs() / 86400,
+                    bytes >> 20
+                );
+            }
+        }
         vec![
             (Language::Python, python),
             (Language::JavaScript, js),

@@ -207,10 +207,28 @@ impl ModuleCache {
     /// Removes compiled files this process does not use: images left by older runtimes or
     /// settings (hundreds of MB each). Returns (files, bytes) removed.
     pub fn evict_unused(&self) -> (u64, u64) {
+        self.remove_unused(|_| true)
+    }
+
+    /// Removes compiled files that no process has loaded for `max_age` (loading one marks it
+    /// used, in its mtime), except this process's own: images of older runtimes, settings or
+    /// wasmbox versions, hundreds of MB each, would otherwise pile up with every upgrade.
+    /// Returns (files, bytes) removed.
+    pub fn prune_stale(&self, max_age: Duration) -> (u64, u64) {
+        let now = std::time::SystemTime::now();
+        self.remove_unused(|meta| {
+            meta.modified()
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age > max_age)
+        })
+    }
+
+    fn remove_unused(&self, remove: impl Fn(&fs::Metadata) -> bool) -> (u64, u64) {
         let in_use = self.in_use.lock().unwrap();
         let (mut files, mut bytes) = (0, 0);
         for (path, meta) in self.cwasm_files() {
-            if in_use.contains(&path) {
+            if in_use.contains(&path) || !remove(&meta) {
                 continue;
             }
             if fs::remove_file(&path).is_ok() {
@@ -247,6 +265,11 @@ impl ModuleCache {
         // anything it refuses is recompiled.
         match unsafe { Module::deserialize_file(engine, cwasm) } {
             Ok(m) => {
+                // Marks it used, for `prune_stale` in other processes and later ones.
+                let _ = File::options()
+                    .write(true)
+                    .open(cwasm)
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
                 self.in_use.lock().unwrap().insert(cwasm.to_path_buf());
                 Some(m)
             }
@@ -328,4 +351,51 @@ pub fn with_progress<T>(label: &str, size: usize, work: impl FnOnce() -> T) -> T
     }
     tracing::info!("compiled {label} in {:.1} s", start.elapsed().as_secs_f64());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Old images nobody loads go; recent ones, and the ones this process maps however old, stay.
+    #[test]
+    fn prune_removes_only_stale_files_nobody_here_uses() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ModuleCache::new(dir.path());
+        let engine = Engine::default();
+        let wat = dir.path().join("m.wat");
+        fs::write(&wat, "(module (func (export \"f\")))").unwrap();
+        let (_module, origin) = cache.load(&engine, &wat, "test").unwrap();
+        assert_eq!(origin, Origin::Compiled);
+        let month_ago = std::time::SystemTime::now() - Duration::from_secs(30 * 86400);
+        let age = |path: &Path, t| {
+            File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_modified(t)
+                .unwrap()
+        };
+        let mine = cache.cwasm_files()[0].0.clone();
+        age(&mine, month_ago);
+        let stale = dir.path().join("stale.cwasm");
+        let recent = dir.path().join("recent.cwasm");
+        fs::write(&stale, vec![0u8; 1000]).unwrap();
+        fs::write(stale.with_extension("lock"), "").unwrap();
+        fs::write(&recent, "x").unwrap();
+        age(&stale, month_ago);
+        assert_eq!(
+            cache.prune_stale(Duration::from_secs(14 * 86400)),
+            (1, 1000)
+        );
+        assert!(!stale.exists() && !stale.with_extension("lock").exists());
+        assert!(recent.exists() && mine.exists());
+        // Loading marks a file used: another process's prune keeps it.
+        let other = ModuleCache::new(dir.path());
+        other.load(&engine, &wat, "test").unwrap();
+        drop(other);
+        let fresh = ModuleCache::new(dir.path());
+        assert_eq!(fresh.prune_stale(Duration::from_secs(14 * 86400)), (0, 0));
+        assert!(mine.exists());
+    }
 }
