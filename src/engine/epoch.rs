@@ -104,8 +104,3 @@ fn pause(engine: &wasmtime::EngineWeak) -> bool {
     PAUSED.fetch_sub(1, SeqCst);
     alive
 }
-
-/// Whether any ticker is paused now (for tests).
-pub fn paused() -> usize {
-    PAUSED.load(SeqCst)
-}
