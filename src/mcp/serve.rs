@@ -53,13 +53,11 @@ fn stdio_sockets() -> Option<(tokio::net::UnixStream, tokio::net::UnixStream)> {
     use std::os::fd::AsFd;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let socket = |fd: std::os::fd::BorrowedFd<'_>| {
-        let owned = fd.try_clone_to_owned().ok()?;
-        let meta = std::fs::File::from(owned.try_clone().ok()?)
-            .metadata()
-            .ok()?;
+        let file = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+        let meta = file.metadata().ok()?;
         meta.file_type()
             .is_socket()
-            .then_some((owned, (meta.dev(), meta.ino())))
+            .then(|| (std::os::fd::OwnedFd::from(file), (meta.dev(), meta.ino())))
     };
     let (input, _) = socket(std::io::stdin().as_fd())?;
     let (output, out_id) = socket(std::io::stdout().as_fd())?;
