@@ -266,10 +266,7 @@ impl ModuleCache {
         match unsafe { Module::deserialize_file(engine, cwasm) } {
             Ok(m) => {
                 // Marks it used, for `prune_stale` in other processes and later ones.
-                let _ = File::options()
-                    .write(true)
-                    .open(cwasm)
-                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                let _ = set_mtime(cwasm, std::time::SystemTime::now());
                 self.in_use.lock().unwrap().insert(cwasm.to_path_buf());
                 Some(m)
             }
@@ -283,6 +280,11 @@ impl ModuleCache {
             }
         }
     }
+}
+
+/// A compiled file's mtime says when a process last loaded it.
+fn set_mtime(path: &Path, t: std::time::SystemTime) -> std::io::Result<()> {
+    File::options().write(true).open(path)?.set_modified(t)
 }
 
 pub fn wasmtime_version() -> &'static str {
@@ -368,22 +370,14 @@ mod tests {
         let (_module, origin) = cache.load(&engine, &wat, "test").unwrap();
         assert_eq!(origin, Origin::Compiled);
         let month_ago = std::time::SystemTime::now() - Duration::from_secs(30 * 86400);
-        let age = |path: &Path, t| {
-            File::options()
-                .write(true)
-                .open(path)
-                .unwrap()
-                .set_modified(t)
-                .unwrap()
-        };
         let mine = cache.cwasm_files()[0].0.clone();
-        age(&mine, month_ago);
+        set_mtime(&mine, month_ago).unwrap();
         let stale = dir.path().join("stale.cwasm");
         let recent = dir.path().join("recent.cwasm");
         fs::write(&stale, vec![0u8; 1000]).unwrap();
         fs::write(stale.with_extension("lock"), "").unwrap();
         fs::write(&recent, "x").unwrap();
-        age(&stale, month_ago);
+        set_mtime(&stale, month_ago).unwrap();
         assert_eq!(
             cache.prune_stale(Duration::from_secs(14 * 86400)),
             (1, 1000)
