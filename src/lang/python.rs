@@ -48,15 +48,27 @@ fn base_env() -> BTreeMap<&'static str, &'static str> {
 /// `_wasmbox.run`, which runs the caller's code the way `python -c` would — no echo of a final
 /// expression unless asked, tracebacks that show the caller's own lines as `<code>` without a
 /// frame of ours — after applying the call's environment and working directory, which a
-/// snapshot would otherwise have frozen.
+/// snapshot would otherwise have frozen. It then takes over the reactor's turns: every later
+/// turn is a call of ours as JSON (see [`call`]).
 const PROLOGUE: &str = r#"
 import os, sys, types
 os.chdir('/workspace')
 _wb = types.ModuleType('_wasmbox')
 exec('''
-import os, sys, linecache, __main__
+import os, sys, json, linecache, __main__
 
 last = None
+
+def turn(text, name):
+    # The reactor's `_run_turn` for every turn after this one, all of them the host's calls of
+    # this module's functions, as JSON `[name, *args]`. The reactor's own parses each turn into
+    # Python AST objects and compiles them, for its echo of a final expression: with our own
+    # compile of the caller's code that was most of a small one-shot's turn.
+    call = json.loads(text)
+    globals()[call[0]](*call[1:])
+
+def script(src):
+    exec(compile(src, '<wasmbox>', 'exec', dont_inherit=True), __main__.__dict__)
 
 def _quiet_show(*args, **kwargs):
     pass
@@ -151,24 +163,19 @@ def rich(max_images, max_bytes, max_html):
     sys.stdout.write(json.dumps({'outputs': out, 'notes': notes}))
 ''', _wb.__dict__)
 sys.modules['_wasmbox'] = _wb
-# Turns name it as a builtin: `__import__` of a loaded module still costs ~25 us a turn.
-import builtins
-builtins.__wasmbox__ = _wb
-del os, sys, types, builtins, _wb
+import _reactor
+_reactor._run_turn = _wb.turn
+del os, sys, types, _reactor, _wb
 "#;
 
 /// The turn that readies an instance: `_wasmbox.warm` (reseeds the random generators, sets the
-/// base environment and goes once through `run`). Short, because the reactor parses every turn.
-static WARM_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "__wasmbox__.warm({})",
-        // The base environment, so that a one-shot that brings none needs no env of its own.
-        literal(&base_env())
-    )
-});
+/// base environment and goes once through `run`).
+static WARM_TURN: std::sync::LazyLock<String> =
+    // The base environment, so that a one-shot that brings none needs no env of its own.
+    std::sync::LazyLock::new(|| call(("warm", base_env())));
 
 /// A pooled instance's polish (see `_wasmbox.polish`).
-const POLISH_TURN: &str = "__wasmbox__.polish()";
+const POLISH_TURN: &str = r#"["polish"]"#;
 
 /// Packages imported into the pre-initialised image by default.
 pub const DEFAULT_PREIMPORT: &[&str] = &[
@@ -426,9 +433,12 @@ impl PySession {
         collect.output_bytes =
             RICH_MAX_IMAGES * RICH_MAX_IMAGE_BYTES * 4 / 3 + RICH_MAX_HTML_BYTES * 2;
         self.guest.arm(&collect);
-        let code = format!(
-            "__wasmbox__.rich({RICH_MAX_IMAGES}, {RICH_MAX_IMAGE_BYTES}, {RICH_MAX_HTML_BYTES})"
-        );
+        let code = call((
+            "rich",
+            RICH_MAX_IMAGES,
+            RICH_MAX_IMAGE_BYTES,
+            RICH_MAX_HTML_BYTES,
+        ));
         let outcome = turn(&mut self.guest.store, &self.instance, &code);
         self.alive = matches!(outcome, Ok(0));
         let r = self.guest.result(outcome, Language::Python);
@@ -484,7 +494,7 @@ impl Shared {
         let fail = |what: &str| Error::Engine(format!("calibration: {what}"));
         // Where the generators are: their addresses (`id`) and states, from the guest.
         let (mut guest, instance) = self.instantiate_in(None)?;
-        run_turn(&mut guest.store, &instance, RNG_PROBE).map_err(|e| {
+        run_turn(&mut guest.store, &instance, &call(("script", RNG_PROBE))).map_err(|e| {
             fail(&format!(
                 "the generator probe failed: {e:#}: {}",
                 guest.take_stderr()
@@ -500,7 +510,7 @@ impl Shared {
         drop(guest);
         // Which pages: those a fresh instance maps for a small turn.
         let (mut guest, instance) = self.instantiate_in(None)?;
-        run_turn(&mut guest.store, &instance, "__wasmbox__.run('print(1+1)')")
+        run_turn(&mut guest.store, &instance, &call(("run", "print(1+1)")))
             .map_err(|e| fail(&format!("the sample turn failed: {e:#}")))?;
         let memory = exported_memory(&mut guest, &instance)?;
         let mut writes = WriteSet::measure(
@@ -688,7 +698,7 @@ fn warmup_code(preimport: &[String]) -> String {
     // One pass through `run` with the base environment, as a ready instance's would be: the
     // image is then ready as it is, and instances need no warm-up turn (see `FastReady`).
     code.push_str(&format!(
-        "__wasmbox__.run(\"print('', end='')\", False, {}, '/workspace')\n",
+        "import _wasmbox\n_wasmbox.run(\"print('', end='')\", False, {}, '/workspace')\n",
         literal(&base_env())
     ));
     // Everything imported so far lives as long as the image: keep the cyclic GC from walking
@@ -760,7 +770,7 @@ fn build_image(paths: &PythonPaths, preimport: &[String]) -> Result<Vec<u8>> {
                 .instantiate(&mut guest.store, module)
                 .map_err(engine_err)?;
             prologue(&mut guest.store, &instance)
-                .and_then(|()| run_turn(&mut guest.store, &instance, &code))
+                .and_then(|()| run_turn(&mut guest.store, &instance, &call(("script", &code))))
                 .map_err(|e| {
                     Error::Engine(format!(
                         "the image warm-up failed: {e:#}: {}",
@@ -795,17 +805,13 @@ fn run_turn(
     }
 }
 
-/// The user turn: the caller's code as a string literal (a JSON string is a valid Python one
-/// with the same value), run by the prologue's `_wasmbox.run` with the call's environment.
+/// The user turn: the caller's code, run by the prologue's `_wasmbox.run` with the call's
+/// environment.
 fn user_turn(req: &ExecRequest) -> String {
     if req.place.is_none() && req.env.is_empty() {
         // A fresh instance from the pool already has the base env (its warm-up turn set it), so
-        // the turn is shorter to parse and skips rewriting the environment.
-        return format!(
-            "__wasmbox__.run({}, {})",
-            literal(&req.code),
-            if req.echo { "True" } else { "False" },
-        );
+        // the turn skips rewriting the environment.
+        return call(("run", &req.code, req.echo));
     }
     let cwd = req
         .place
@@ -816,13 +822,13 @@ fn user_turn(req: &ExecRequest) -> String {
     for (k, v) in &req.env {
         full.insert(k, v);
     }
-    format!(
-        "__wasmbox__.run({}, {}, {}, {})",
-        literal(&req.code),
-        if req.echo { "True" } else { "False" },
-        literal(&full),
-        literal(cwd),
-    )
+    call(("run", &req.code, req.echo, full, cwd))
+}
+
+/// A turn after the prologue: a call of one of its `_wasmbox` functions, as the JSON array
+/// `[name, *args]` that its `turn` reads.
+fn call(args: impl serde::Serialize) -> String {
+    serde_json::to_string(&args).expect("strings, numbers and maps always serialise")
 }
 
 /// JSON text of a string, or a list or map of strings, which is also a Python literal of it.
