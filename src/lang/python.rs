@@ -177,7 +177,6 @@ static WARM_TURN: std::sync::LazyLock<String> =
     // The base environment, so that a one-shot that brings none needs no env of its own.
     std::sync::LazyLock::new(|| call(("warm", base_env())));
 
-
 /// Packages imported into the pre-initialised image by default.
 pub const DEFAULT_PREIMPORT: &[&str] = &[
     "numpy",
