@@ -1,6 +1,7 @@
 //! Latency budgets, through the library (run with `cargo bench --bench oneshot`):
 //! one-shots on the pool-hit path (a ready instance is waiting; waiting for the refill is not
-//! timed) and on the pool-empty path (pool size 0: instantiate + warm-up on the request), a
+//! timed), through `Wasmbox::execute` and through the blocking `run_oneshot` on the caller's
+//! thread, and on the pool-empty path (pool size 0: instantiate + warm-up on the request), a
 //! JavaScript session turn, throughput with 2 and 8 concurrent callers, and Go:
 //! `go_repeat_snippet` runs the same source again (its module is cached in memory);
 //! `go_new_snippet` changes a constant every iteration, so each one runs the Go toolchain (with
@@ -9,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use wasmbox::sandbox::LOCAL_OWNER;
 use wasmbox::{Config, ExecOptions, Wasmbox};
 
@@ -76,6 +77,27 @@ fn pool_hit(c: &mut Criterion) {
     }
     let o = opts("javascript", "console.log(1+1)");
     g.bench_function("javascript_console_log", |b| b.iter(|| run(&wb, &rt, &o)));
+    g.finish();
+    // The blocking API on the caller's own thread (this one has a guest's stack, see `main`):
+    // the same one-shots without the hop to a guest thread and back that `execute` makes.
+    let mut g = c.benchmark_group("pool_hit_blocking");
+    g.sample_size(50);
+    for (name, code) in PY_CASES {
+        let req = wb.request(opts("python", code)).unwrap();
+        g.bench_function(format!("python_{name}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    py.wait_pool_full(Duration::from_secs(30));
+                    let t = Instant::now();
+                    let r = py.run_oneshot(&req).unwrap();
+                    total += t.elapsed();
+                    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+                }
+                total
+            })
+        });
+    }
     g.finish();
 }
 
@@ -247,4 +269,16 @@ criterion_group!(
     go,
     sandbox
 );
-criterion_main!(benches);
+
+/// `criterion_main!`, on a thread with a guest's stack: `pool_hit_blocking` runs wasm on it.
+fn main() {
+    std::thread::Builder::new()
+        .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
+        .spawn(|| {
+            benches();
+            Criterion::default().configure_from_args().final_summary();
+        })
+        .expect("spawning the bench thread")
+        .join()
+        .expect("the benches panicked");
+}
