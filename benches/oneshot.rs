@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
+use wasmbox::lang::python::PythonRuntime;
 use wasmbox::sandbox::LOCAL_OWNER;
 use wasmbox::{Config, ExecOptions, Wasmbox};
 
@@ -54,6 +55,18 @@ const PY_CASES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Times `iters` calls of `one`, each once the pool is full and polished (the wait untimed).
+fn each_on_a_full_pool(py: &PythonRuntime, iters: u64, mut one: impl FnMut()) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        py.wait_pool_full(Duration::from_secs(30));
+        let t = Instant::now();
+        one();
+        total += t.elapsed();
+    }
+    total
+}
+
 fn pool_hit(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let wb = wasmbox(4, &rt);
@@ -63,16 +76,7 @@ fn pool_hit(c: &mut Criterion) {
     for (name, code) in PY_CASES {
         let o = opts("python", code);
         g.bench_function(format!("python_{name}"), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    py.wait_pool_full(Duration::from_secs(30));
-                    let t = Instant::now();
-                    run(&wb, &rt, &o);
-                    total += t.elapsed();
-                }
-                total
-            })
+            b.iter_custom(|iters| each_on_a_full_pool(&py, iters, || run(&wb, &rt, &o)))
         });
     }
     let o = opts("javascript", "console.log(1+1)");
@@ -86,15 +90,10 @@ fn pool_hit(c: &mut Criterion) {
         let req = wb.request(opts("python", code)).unwrap();
         g.bench_function(format!("python_{name}"), |b| {
             b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    py.wait_pool_full(Duration::from_secs(30));
-                    let t = Instant::now();
+                each_on_a_full_pool(&py, iters, || {
                     let r = py.run_oneshot(&req).unwrap();
-                    total += t.elapsed();
                     assert_eq!(r.exit_code, 0, "{}", r.stderr);
-                }
-                total
+                })
             })
         });
     }

@@ -829,7 +829,7 @@ fn user_turn(req: &ExecRequest) -> String {
 /// A turn after the prologue: a call of one of its `_wasmbox` functions, as the JSON array
 /// `[name, *args]` that its `turn` reads.
 fn call(args: impl serde::Serialize) -> String {
-    serde_json::to_string(&args).expect("strings, numbers and maps always serialise")
+    literal(&args)
 }
 
 /// JSON text of a string, or a list or map of strings, which is also a Python literal of it.
