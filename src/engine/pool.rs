@@ -10,7 +10,7 @@
 //! pool never fills, so no CPU goes to polish; between requests every ready instance gets it.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -34,17 +34,29 @@ pub struct Pool<T: Send + 'static> {
     shared: Arc<Shared<T>>,
 }
 
+/// What the refill threads and `take` share under one lock.
+struct Ready<T> {
+    /// Polished items first: `take` pops the front, new items go to the back.
+    items: VecDeque<Item<T>>,
+    /// Instances taken out of `items` to be polished; they still count towards the target, so
+    /// other refill threads do not make replacements for them.
+    polishing: usize,
+}
+
+impl<T> Ready<T> {
+    /// Ready and being polished: what counts towards the target.
+    fn counted(&self) -> usize {
+        self.items.len() + self.polishing
+    }
+}
+
 struct Shared<T> {
     name: String,
-    /// Polished items first: `take` pops the front, new items go to the back.
-    ready: Mutex<VecDeque<Item<T>>>,
+    ready: Mutex<Ready<T>>,
     wake: Condvar,
     target: usize,
     factory: Factory<T>,
     polish: Option<Polish<T>>,
-    /// Instances taken out of `ready` to be polished; they still count towards `target`, so
-    /// other refill threads do not make replacements for them. Changed only under `ready`'s lock.
-    polishing: AtomicUsize,
     stop: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -79,12 +91,14 @@ impl<T: Send + 'static> Pool<T> {
     ) -> Self {
         let shared = Arc::new(Shared {
             name: name.to_string(),
-            ready: Mutex::new(VecDeque::with_capacity(target)),
+            ready: Mutex::new(Ready {
+                items: VecDeque::with_capacity(target),
+                polishing: 0,
+            }),
             wake: Condvar::new(),
             target,
             factory: Box::new(factory),
             polish,
-            polishing: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -113,7 +127,7 @@ impl<T: Send + 'static> Pool<T> {
     /// The refill is not started here: call [`Pool::refill`] once the request is answered, so
     /// the refill's page faults do not compete with the request's own.
     pub fn take(&self) -> Option<T> {
-        let got = self.shared.ready.lock().unwrap().pop_front();
+        let got = self.shared.ready.lock().unwrap().items.pop_front();
         match got {
             Some(Item { t, .. }) => {
                 self.shared.hits.fetch_add(1, Ordering::Relaxed);
@@ -146,7 +160,7 @@ impl<T: Send + 'static> Pool<T> {
         let s = &self.shared;
         let (ready, polished) = {
             let r = s.ready.lock().unwrap();
-            (r.len(), r.iter().filter(|i| i.polished).count())
+            (r.items.len(), r.items.iter().filter(|i| i.polished).count())
         };
         PoolStats {
             name: s.name.clone(),
@@ -167,8 +181,8 @@ impl<T: Send + 'static> Pool<T> {
         while std::time::Instant::now() < deadline {
             let settled = {
                 let r = self.shared.ready.lock().unwrap();
-                r.len() >= self.shared.target
-                    && (self.shared.polish.is_none() || r.iter().all(|i| i.polished))
+                r.items.len() >= self.shared.target
+                    && (self.shared.polish.is_none() || r.items.iter().all(|i| i.polished))
             };
             if settled {
                 return true;
@@ -200,13 +214,13 @@ fn refill<T>(s: Arc<Shared<T>>) {
                 if s.stop.load(Ordering::Relaxed) {
                     return;
                 }
-                if ready.len() + s.polishing.load(Ordering::Relaxed) < s.target {
+                if ready.counted() < s.target {
                     break Next::Make;
                 }
                 // Full: polish the newest unpolished instance (they are at the back).
-                if s.polish.is_some() && ready.back().is_some_and(|i| !i.polished) {
-                    s.polishing.fetch_add(1, Ordering::Relaxed);
-                    break Next::Polish(ready.pop_back().expect("not empty").t);
+                if s.polish.is_some() && ready.items.back().is_some_and(|i| !i.polished) {
+                    ready.polishing += 1;
+                    break Next::Polish(ready.items.pop_back().expect("not empty").t);
                 }
                 ready = s.wake.wait(ready).unwrap();
             }
@@ -224,18 +238,17 @@ fn refill<T>(s: Arc<Shared<T>>) {
                     .fetch_add(u64::from(!item.polished), Ordering::Relaxed);
                 let mut ready = s.ready.lock().unwrap();
                 if polished {
-                    s.polishing.fetch_sub(1, Ordering::Relaxed);
-                    ready.push_front(item);
-                } else if ready.len() + s.polishing.load(Ordering::Relaxed) < s.target {
-                    ready.push_back(item);
+                    ready.polishing -= 1;
+                    ready.items.push_front(item);
+                } else if ready.counted() < s.target {
+                    ready.items.push_back(item);
                 }
                 backoff = Duration::from_millis(100);
             }
             Err(e) => {
                 // A failed polish loses that instance; the next round makes another.
                 if polished {
-                    let _ready = s.ready.lock().unwrap();
-                    s.polishing.fetch_sub(1, Ordering::Relaxed);
+                    s.ready.lock().unwrap().polishing -= 1;
                 }
                 s.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("pool {}: could not ready an instance: {e}", s.name);
@@ -280,5 +293,34 @@ mod tests {
             assert_eq!(pool.take(), Some(7));
             pool.refill();
         }
+    }
+
+    /// A failed polish loses that instance but not its place: the pool is made full again
+    /// (were the instance still counted as being polished, it never would be).
+    #[test]
+    fn a_failed_polish_is_replaced() {
+        let failed = Arc::new(AtomicBool::new(false));
+        let f = failed.clone();
+        let polish: Polish<u32> = Box::new(move |_| {
+            if f.swap(true, Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err(crate::error::Error::Engine("polish failed".into()))
+            }
+        });
+        let pool = Pool::new("test", 2, 1, || Ok(7u32), Some(polish));
+        assert!(
+            pool.wait_full(Duration::from_secs(10)),
+            "{:?}",
+            pool.stats()
+        );
+        let stats = pool.stats();
+        assert!(failed.load(Ordering::SeqCst));
+        assert_eq!(
+            (stats.ready, stats.polished, stats.failures),
+            (2, 2, 1),
+            "{stats:?}"
+        );
+        assert_eq!(stats.made, 3, "the lost instance was made again: {stats:?}");
     }
 }
