@@ -91,26 +91,109 @@ pub fn lower_priority() {
     }
 }
 
-/// A fixed set of guest threads fed from one queue.
+/// A fixed set of guest threads. A job goes to the thread that went idle last: its stack and
+/// the CPU it last ran on are the likeliest to be warm, and no other thread is woken (with one
+/// shared queue, each job went to the thread idle longest, and the taker woke the next waiter).
 pub struct GuestThreads {
-    tx: Mutex<mpsc::Sender<Job>>,
+    hub: Arc<Hub>,
+}
+
+struct Hub {
+    state: Mutex<HubState>,
+}
+
+struct HubState {
+    /// Idle threads, the one idle shortest last.
+    idle: Vec<Arc<Slot>>,
+    /// Jobs waiting for a thread (all threads busy).
+    backlog: std::collections::VecDeque<Job>,
+    closed: bool,
+}
+
+/// One idle thread's mailbox.
+#[derive(Default)]
+struct Slot {
+    job: Mutex<Option<Job>>,
+    ready: std::sync::Condvar,
+}
+
+impl Hub {
+    /// The next job for the thread owning `slot`, waiting for one; `None` once closed.
+    fn next(&self, slot: &Arc<Slot>) -> Option<Job> {
+        {
+            let mut st = self.state.lock().unwrap();
+            if let Some(job) = st.backlog.pop_front() {
+                return Some(job);
+            }
+            if st.closed {
+                return None;
+            }
+            st.idle.push(slot.clone());
+        }
+        let mut job = slot.job.lock().unwrap();
+        loop {
+            if let Some(job) = job.take() {
+                return Some(job);
+            }
+            if self.state.lock().unwrap().closed {
+                return None;
+            }
+            job = slot.ready.wait(job).unwrap();
+        }
+    }
+
+    fn submit(&self, job: Job) -> Result<()> {
+        let slot = {
+            let mut st = self.state.lock().unwrap();
+            if st.closed {
+                return Err(Error::Busy("the guest threads have stopped".into()));
+            }
+            match st.idle.pop() {
+                Some(slot) => slot,
+                None => {
+                    st.backlog.push_back(job);
+                    return Ok(());
+                }
+            }
+        };
+        *slot.job.lock().unwrap() = Some(job);
+        slot.ready.notify_one();
+        Ok(())
+    }
+}
+
+impl Drop for GuestThreads {
+    fn drop(&mut self) {
+        let idle = {
+            let mut st = self.hub.state.lock().unwrap();
+            st.closed = true;
+            std::mem::take(&mut st.idle)
+        };
+        for slot in idle {
+            // Under the slot's lock, so the wake cannot fall between its check and its wait.
+            let _job = slot.job.lock().unwrap();
+            slot.ready.notify_one();
+        }
+    }
 }
 
 impl GuestThreads {
     pub fn new(threads: usize) -> Self {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        let hub = Arc::new(Hub {
+            state: Mutex::new(HubState {
+                idle: Vec::with_capacity(threads.max(1)),
+                backlog: std::collections::VecDeque::new(),
+                closed: false,
+            }),
+        });
         for i in 0..threads.max(1) {
-            let rx = rx.clone();
+            let hub = hub.clone();
             std::thread::Builder::new()
                 .name(format!("wasmbox-guest-{i}"))
                 .stack_size(GUEST_THREAD_STACK)
                 .spawn(move || {
-                    loop {
-                        let job = match rx.lock().unwrap().recv() {
-                            Ok(job) => job,
-                            Err(_) => return, // the sender is gone: shutting down
-                        };
+                    let slot = Arc::new(Slot::default());
+                    while let Some(job) = hub.next(&slot) {
                         // A host panic fails that one call (its result channel is dropped),
                         // never the thread.
                         AFTER_REPLY.set(Some(Vec::new()));
@@ -122,7 +205,7 @@ impl GuestThreads {
                 })
                 .expect("spawning a guest thread");
         }
-        Self { tx: Mutex::new(tx) }
+        Self { hub }
     }
 
     /// Runs `f` on a guest thread and waits for its result without blocking the async runtime.
@@ -134,11 +217,7 @@ impl GuestThreads {
         let job: Job = Box::new(move || {
             let _ = tx.send(f());
         });
-        self.tx
-            .lock()
-            .unwrap()
-            .send(job)
-            .map_err(|_| Error::Busy("the guest threads have stopped".into()))?;
+        self.hub.submit(job)?;
         rx.await.map_err(|_| {
             Error::Engine(
                 "the execution failed inside wasmbox (a host panic); other calls are unaffected"
@@ -192,5 +271,49 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(ran.load(Ordering::SeqCst), "deferred work never ran");
+    }
+
+    /// More jobs than threads: the extra ones wait in the backlog and all run; the thread that
+    /// went idle last takes the next job.
+    #[test]
+    fn jobs_beyond_the_threads_wait_and_the_last_idle_thread_goes_first() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let threads = Arc::new(GuestThreads::new(2));
+        let names = rt.block_on(async {
+            let mut tasks = Vec::new();
+            for i in 0..6u64 {
+                let threads = threads.clone();
+                tasks.push(tokio::spawn(async move {
+                    threads
+                        .run(move || {
+                            std::thread::sleep(Duration::from_millis(20));
+                            Ok(i)
+                        })
+                        .await
+                }));
+            }
+            let mut got = Vec::new();
+            for t in tasks {
+                got.push(t.await.unwrap().unwrap());
+            }
+            got
+        });
+        assert_eq!(names, (0..6).collect::<Vec<_>>());
+        // Quiet now: two sequential jobs land on the same thread.
+        let name = || {
+            Ok(std::thread::current()
+                .name()
+                .unwrap_or_default()
+                .to_string())
+        };
+        let a = rt.block_on(threads.run(name)).unwrap();
+        // Give it time to report idle again (it does so after handing the result back).
+        std::thread::sleep(Duration::from_millis(100));
+        let b = rt.block_on(threads.run(name)).unwrap();
+        assert_eq!(a, b);
+        assert!(a.starts_with("wasmbox-guest-"), "{a}");
     }
 }
