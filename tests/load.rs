@@ -9,7 +9,7 @@ use std::time::Instant;
 use common::*;
 use serde_json::{Value, json};
 
-/// The server's pid: `get_system_metrics` reports RSS; descriptors are counted in /proc.
+/// Open descriptors of `pid` (0 if it cannot be read).
 fn fds_of(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
@@ -29,30 +29,6 @@ fn rss_of(pid: u32) -> (u64, u64) {
             * 1024
     };
     (kb("RssAnon:"), kb("RssFile:") + kb("RssShmem:"))
-}
-
-fn server_pid() -> Option<u32> {
-    // The newest `wasmbox serve` child of this test process.
-    let me = std::process::id();
-    let mut newest = None;
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let ppid: u32 = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().nth(1))
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
-        if ppid == me && newest.is_none_or(|n| pid > n) {
-            newest = Some(pid);
-        }
-    }
-    newest
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -131,8 +107,8 @@ async fn eight_clients_mixed_work_without_failures() {
 #[tokio::test]
 #[ignore = "soak test: run with --ignored"]
 async fn ten_thousand_one_shots_leave_rss_and_descriptors_flat() {
-    let c = server().await;
-    let pid = server_pid().expect("the server process");
+    // This server's own pid: the load test, running alongside, starts servers of its own.
+    let (c, pid) = server_with_pid(&[]).await;
     // Warm up: pools filled, code paths touched, and the pooling allocator's slots (whose host
     // pages stay resident once used, at most `WASMBOX_POOLED_INSTANCES` of them) cycled through.
     for i in 0..2000 {
@@ -143,6 +119,10 @@ async fn ten_thousand_one_shots_leave_rss_and_descriptors_flat() {
     let settle = || tokio::time::sleep(std::time::Duration::from_secs(1));
     settle().await;
     let ((anon0, file0), fds0) = (rss_of(pid), fds_of(pid));
+    assert!(
+        anon0 > 0 && fds0 > 0,
+        "cannot read the server's memory or descriptors (pid {pid})"
+    );
     let start = Instant::now();
     for i in 0..10_000 {
         let code = match i % 3 {
