@@ -123,6 +123,7 @@ async fn pool_exhaustion_falls_back_to_fresh_instances() {
     let pool = &m["pools"][0];
     assert_eq!(pool["name"], "python");
     assert_eq!(pool["target"], 1);
+    assert_eq!(m["runtimes"]["python"], "ready", "{m}");
     let (hits, misses) = (
         pool["hits"].as_u64().unwrap(),
         pool["misses"].as_u64().unwrap(),

@@ -1622,6 +1622,8 @@ impl WasmboxServer {
             "location": "local",
             "uptime_seconds": self.wasmbox.uptime().as_secs_f64(),
             "executions": self.wasmbox.executions(),
+            // A runtime's pool appears once it has loaded: say which are still loading.
+            "runtimes": self.runtimes_json(),
             "pools": self.wasmbox.pool_stats(),
             "memory": {"rss_bytes": rss_bytes()},
             "max_concurrency": self.wasmbox.config().max_concurrency,
