@@ -256,6 +256,18 @@ impl Wasmbox {
     }
 
     /// Pool counters of the loaded runtimes (nothing is loaded by asking).
+    /// Slots of the pooling allocator in use (instances, memories, GC heaps) and its limit:
+    /// live instances are bounded by construction, and this is where that shows.
+    pub fn slot_stats(&self) -> Option<serde_json::Value> {
+        let m = self.inner.engine.pooling_allocator_metrics()?;
+        Some(serde_json::json!({
+            "limit": self.inner.config.pooled_instances,
+            "core_instances": m.core_instances(),
+            "memories": m.memories(),
+            "gc_heaps": m.gc_heaps(),
+        }))
+    }
+
     pub fn pool_stats(&self) -> Vec<engine::pool::PoolStats> {
         let mut out = Vec::new();
         if let Some(p) = self.inner.python.get() {

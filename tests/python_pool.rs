@@ -152,6 +152,12 @@ async fn sustained_load_does_not_exhaust_instance_slots() {
         }
     });
     futures::future::join_all(callers).await;
+    // Each Python instance holds a memory slot for its GC heap as well as its linear memory.
+    let m = object(&call(&c, "get_system_metrics", json!({})).await);
+    let slots = &m["slots"];
+    assert_eq!(slots["limit"], 32, "{m}");
+    assert!(slots["core_instances"].as_u64().unwrap() <= 32, "{m}");
+    assert!(slots["memories"].as_u64().unwrap() <= 64, "{m}");
     c.cancel().await.unwrap();
 }
 

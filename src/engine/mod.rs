@@ -44,8 +44,11 @@ pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> 
     let mut config = base_config(Strategy::Cranelift);
     if pooled_instances > 0 {
         let mut pool = wasmtime::PoolingAllocationConfig::new();
+        // A memory slot each for an instance's linear memory and for its GC heap, which the
+        // pooling allocator also takes from the memory pool: CPython's stores get one (its
+        // wasm exceptions live there), so a Python instance holds two memory slots.
         pool.total_core_instances(pooled_instances)
-            .total_memories(pooled_instances)
+            .total_memories(pooled_instances.saturating_mul(2))
             .total_tables(pooled_instances)
             .total_gc_heaps(pooled_instances)
             // CPython's function table has 47157 entries.

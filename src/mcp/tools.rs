@@ -1625,6 +1625,7 @@ impl WasmboxServer {
             // A runtime's pool appears once it has loaded: say which are still loading.
             "runtimes": self.runtimes_json(),
             "pools": self.wasmbox.pool_stats(),
+            "slots": self.wasmbox.slot_stats(),
             "memory": {"rss_bytes": rss_bytes()},
             "max_concurrency": self.wasmbox.config().max_concurrency,
             "sandboxes": {
