@@ -255,7 +255,6 @@ impl Wasmbox {
         Ok(self.load_python().await?.0)
     }
 
-    /// Pool counters of the loaded runtimes (nothing is loaded by asking).
     /// Slots of the pooling allocator in use (instances, memories, GC heaps) and its limit:
     /// live instances are bounded by construction, and this is where that shows.
     pub fn slot_stats(&self) -> Option<serde_json::Value> {
@@ -268,6 +267,7 @@ impl Wasmbox {
         }))
     }
 
+    /// Pool counters of the loaded runtimes (nothing is loaded by asking).
     pub fn pool_stats(&self) -> Vec<engine::pool::PoolStats> {
         let mut out = Vec::new();
         if let Some(p) = self.inner.python.get() {
