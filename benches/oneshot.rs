@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use wasmbox::lang::python::PythonRuntime;
 use wasmbox::sandbox::LOCAL_OWNER;
-use wasmbox::{Config, ExecOptions, Wasmbox};
+use wasmbox::{Config, ExecOptions, ExecRequest, Wasmbox};
 
 fn opts(language: &str, code: &str) -> ExecOptions {
     ExecOptions {
@@ -40,6 +40,12 @@ fn run(wb: &Wasmbox, rt: &tokio::runtime::Runtime, o: &ExecOptions) {
     let r = rt
         .block_on(wb.execute(wb.request(o.clone()).unwrap()))
         .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+}
+
+/// The blocking one-shot on the caller's thread (it must have a guest's stack, see `main`).
+fn run_blocking(py: &PythonRuntime, req: &ExecRequest) {
+    let r = py.run_oneshot(req).unwrap();
     assert_eq!(r.exit_code, 0, "{}", r.stderr);
 }
 
@@ -117,10 +123,7 @@ fn pool_hit(c: &mut Criterion) {
         let mut each = Vec::new();
         g.bench_function(format!("python_{name}"), |b| {
             b.iter_custom(|iters| {
-                each_on_a_full_pool(&py, iters, &mut each, || {
-                    let r = py.run_oneshot(&req).unwrap();
-                    assert_eq!(r.exit_code, 0, "{}", r.stderr);
-                })
+                each_on_a_full_pool(&py, iters, &mut each, || run_blocking(&py, &req))
             })
         });
         print_quantiles(&format!("pool_hit_blocking/python_{name}"), &mut each);
@@ -314,10 +317,7 @@ fn p50_report(calls: usize) {
         let (mut execute, mut blocking) = (Vec::new(), Vec::new());
         for _ in 0..calls {
             each_on_a_full_pool(&py, 1, &mut execute, || run(&wb, &rt, &o));
-            each_on_a_full_pool(&py, 1, &mut blocking, || {
-                let r = py.run_oneshot(&req).unwrap();
-                assert_eq!(r.exit_code, 0, "{}", r.stderr);
-            });
+            each_on_a_full_pool(&py, 1, &mut blocking, || run_blocking(&py, &req));
         }
         println!(
             "{}",
