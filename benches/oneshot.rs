@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
+use wasmbox::lang::javascript::JsRuntime;
 use wasmbox::lang::python::PythonRuntime;
 use wasmbox::sandbox::LOCAL_OWNER;
 use wasmbox::{Config, ExecOptions, ExecRequest, Wasmbox};
@@ -61,17 +62,40 @@ const PY_CASES: &[(&str, &str)] = &[
     ),
 ];
 
+/// A runtime whose pool a bench can wait on.
+trait Pooled {
+    fn wait_pool_full(&self, timeout: Duration) -> bool;
+}
+
+impl Pooled for PythonRuntime {
+    fn wait_pool_full(&self, timeout: Duration) -> bool {
+        PythonRuntime::wait_pool_full(self, timeout)
+    }
+}
+
+impl Pooled for JsRuntime {
+    fn wait_pool_full(&self, timeout: Duration) -> bool {
+        JsRuntime::wait_pool_full(self, timeout)
+    }
+}
+
+impl<T: Pooled> Pooled for Arc<T> {
+    fn wait_pool_full(&self, timeout: Duration) -> bool {
+        (**self).wait_pool_full(timeout)
+    }
+}
+
 /// Times `iters` calls of `one`, each once the pool is full and polished (the wait untimed),
 /// and keeps every call's time in `each` (criterion reports means; the goals are p50s).
 fn each_on_a_full_pool(
-    py: &PythonRuntime,
+    pool: &impl Pooled,
     iters: u64,
     each: &mut Vec<Duration>,
     mut one: impl FnMut(),
 ) -> Duration {
     let mut total = Duration::ZERO;
     for _ in 0..iters {
-        py.wait_pool_full(Duration::from_secs(30));
+        pool.wait_pool_full(Duration::from_secs(30));
         let t = Instant::now();
         one();
         let took = t.elapsed();
@@ -88,7 +112,11 @@ fn quantile_ms(xs: &mut [Duration], p: f64) -> f64 {
     xs.get(i).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
 }
 
+/// Prints `each`'s p50 and p90 (nothing when a filter skipped the bench).
 fn print_quantiles(name: &str, each: &mut [Duration]) {
+    if each.is_empty() {
+        return;
+    }
     println!(
         "{name}: p50 {:.3} ms, p90 {:.3} ms over {} calls",
         quantile_ms(each, 0.5),
@@ -111,8 +139,13 @@ fn pool_hit(c: &mut Criterion) {
         });
         print_quantiles(&format!("pool_hit/python_{name}"), &mut each);
     }
+    let js = rt.block_on(wb.javascript()).unwrap();
     let o = opts("javascript", "console.log(1+1)");
-    g.bench_function("javascript_console_log", |b| b.iter(|| run(&wb, &rt, &o)));
+    let mut each = Vec::new();
+    g.bench_function("javascript_console_log", |b| {
+        b.iter_custom(|iters| each_on_a_full_pool(&js, iters, &mut each, || run(&wb, &rt, &o)))
+    });
+    print_quantiles("pool_hit/javascript_console_log", &mut each);
     g.finish();
     // The blocking API on the caller's own thread (this one has a guest's stack, see `main`):
     // the same one-shots without the hop to a guest thread and back that `execute` makes.
