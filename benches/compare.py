@@ -77,7 +77,14 @@ class Server:
     def pool_ready(self) -> int:
         r = self.request("tools/call", {"name": "get_system_metrics", "arguments": {}})
         pools = r["result"]["structuredContent"]["pools"]
-        return pools[0]["ready"] if pools else 0
+        return next((p["ready"] for p in pools if p["name"] == "python"), 0)
+
+    def settle(self) -> None:
+        """Waits for a full Python pool (4, the default size), then for its teardown and
+        polish to finish."""
+        while self.pool_ready() < 4:
+            time.sleep(0.05)
+        time.sleep(0.5)
 
     def close(self) -> None:
         self.p.stdin.close()
@@ -153,9 +160,7 @@ def main() -> int:
             print(f"{name:<16} {rp * 1e3:>13.2f} ms {ex * 1e3:>9.3f} ms {rp / ex:>7.0f}x {bl * 1e3:>13.3f} ms {rp / bl:>7.0f}x")
 
     # Memory: a full pool against no pool.
-    while srv.pool_ready() < 4:
-        time.sleep(0.05)
-    time.sleep(0.5)
+    srv.settle()
     full = {k: srv.rss_mib(k) for k in ("VmRSS", "RssAnon")}
     bare = Server(binary, {"WASMBOX_POOL_SIZE": "0"})
     bare.run("print(0)")
@@ -169,13 +174,16 @@ def main() -> int:
     # Soak: RSS and descriptors before and after many one-shots.
     for _ in range(200):
         srv.run("print(1)")
+    # Both samples with the pool full: back-to-back calls drain it, and each ready instance
+    # holds ~9 MiB of mapped image and ~1.4 MiB of its own.
+    srv.settle()
     rss0, anon0, fd0 = srv.rss_mib(), srv.rss_mib("RssAnon"), srv.fds()
     t = time.perf_counter()
     for i in range(soak):
         r = srv.run(f"print({i})")
         assert r["stdout"] == f"{i}\n", r
     took = time.perf_counter() - t
-    time.sleep(0.5)
+    srv.settle()
     rss1, anon1, fd1 = srv.rss_mib(), srv.rss_mib("RssAnon"), srv.fds()
     print(f"soak of {soak} one-shots ({soak / took:.0f}/s, one caller): RSS {rss0:.1f} -> {rss1:.1f} MiB "
           f"({(rss1 - rss0) / rss0 * 100:+.1f}%), of it anonymous {anon0:.1f} -> {anon1:.1f} MiB "
