@@ -307,3 +307,77 @@ async fn each_one_shot_has_its_own_random_sequence_and_clock() {
     }
     c.cancel().await.unwrap();
 }
+
+/// Appends a custom section (ignored by the runtime) to a wasm module: a new artifact, the same
+/// program.
+fn with_custom_section(mut wasm: Vec<u8>, payload: &[u8]) -> Vec<u8> {
+    let name = b"wasmbox-test";
+    let body_len = 1 + name.len() + payload.len();
+    assert!(body_len < 128, "a one-byte LEB128 length");
+    wasm.extend_from_slice(&[0, body_len as u8, name.len() as u8]);
+    wasm.extend_from_slice(name);
+    wasm.extend_from_slice(payload);
+    wasm
+}
+
+/// Images are keyed by their runtime artifact's hash: an unchanged artifact loads its image
+/// from the cache, a changed one is snapshotted and compiled again (and works), and the old
+/// image stays for a process still using it. Python's image is keyed the same way (its unit
+/// test covers every input of the key); JavaScript's takes under a second to build.
+#[test]
+fn the_image_is_rebuilt_when_the_artifact_changes() {
+    use wasmbox::engine::cache::{ModuleCache, Origin};
+    use wasmbox::lang::javascript::{JsRuntime, module_path};
+    prepare();
+    let tmp = tempfile::tempdir().unwrap();
+    let runtimes = tmp.path().join("runtimes");
+    let artifact = module_path(&runtimes);
+    std::fs::create_dir_all(artifact.parent().unwrap()).unwrap();
+    let original = std::fs::read(module_path(&wasmbox::Config::from_env().runtimes_dir)).unwrap();
+    std::fs::write(&artifact, &original).unwrap();
+    let cache = ModuleCache::new(tmp.path().join("cache"));
+    let engine = wasmbox::engine::build_engine(8, 64 << 20).unwrap();
+    let images = || {
+        std::fs::read_dir(cache.dir())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("cwasm".as_ref()))
+            .count()
+    };
+    let load = || {
+        let (js, origin) = JsRuntime::load(&engine, &cache, &runtimes, 1).unwrap();
+        assert!(js.has_image(), "the image must build");
+        (js, origin)
+    };
+    assert_eq!(
+        load().1,
+        Origin::Compiled,
+        "an empty cache builds the image"
+    );
+    assert_eq!(load().1, Origin::Cached, "an unchanged artifact reuses it");
+    assert_eq!(images(), 1);
+
+    std::fs::write(&artifact, with_custom_section(original, b"v2")).unwrap();
+    let (js, origin) = load();
+    assert_eq!(
+        origin,
+        Origin::Compiled,
+        "a changed artifact rebuilds the image"
+    );
+    assert_eq!(images(), 2, "a new image beside the old one");
+    let req = wasmbox::Wasmbox::new(wasmbox::Config::from_env())
+        .unwrap()
+        .request(wasmbox::ExecOptions {
+            language: "javascript".into(),
+            code: "console.log(6 * 7)".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    let out = std::thread::Builder::new()
+        .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
+        .spawn(move || js.run_oneshot(&req).unwrap())
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(out.stdout, "42\n");
+    assert_eq!(load().1, Origin::Cached, "and is reused in turn");
+}
