@@ -8,8 +8,10 @@
 //! whatever request runs on the other CPU (272 per one-shot, measured). `MADV_POPULATE_WRITE`
 //! on pages not mapped yet makes the same private copies with no fault and no flush.
 //!
-//! Pages only read are left to fault in: fault-around maps 16 at a time, and mapping all of
-//! them ahead (`MADV_POPULATE_READ`, ~1,900 pages) cost more CPU than the faults it saved.
+//! Pages only read can be mapped ahead too (`MADV_POPULATE_READ`: the image's own pages, no
+//! copies). Worth it for a small image (QuickJS: its first eval's 17 faults down to 7); not for
+//! CPython's (~1,900 pages, more CPU than the faults it saved, and its pool's polish turn maps
+//! what a first turn reads anyway).
 //!
 //! Which pages: measured once per image on a calibration instance after a sample turn
 //! (`/proc/self/pagemap` tells private, written pages from those still shared with the image).
@@ -18,16 +20,35 @@ use std::ops::Range;
 
 const PAGE: usize = 4096;
 
-/// Page runs (byte ranges in linear memory) that instances of one image write.
+/// Page runs (byte ranges in linear memory) that instances of one image write, and optionally
+/// those they only read.
 #[derive(Clone, Debug, Default)]
-pub struct WriteSet {
+pub struct PageSet {
     runs: Vec<Range<usize>>,
+    reads: Vec<Range<usize>>,
 }
 
-impl WriteSet {
-    /// How many pages [`WriteSet::populate`] pre-faults.
+/// Appends page `off` to `runs`, extending the last run when contiguous.
+fn push_page(runs: &mut Vec<Range<usize>>, off: usize) {
+    match runs.last_mut() {
+        Some(r) if off == r.end => r.end = off + PAGE,
+        _ => runs.push(off..off + PAGE),
+    }
+}
+
+fn count(runs: &[Range<usize>]) -> usize {
+    runs.iter().map(|r| r.len() / PAGE).sum()
+}
+
+impl PageSet {
+    /// How many pages [`PageSet::populate`] copies ahead.
     pub fn pages(&self) -> usize {
-        self.runs.iter().map(|r| r.len() / PAGE).sum()
+        count(&self.runs)
+    }
+
+    /// How many pages only read it maps ahead.
+    pub fn read_pages(&self) -> usize {
+        count(&self.reads)
     }
 
     /// Adds `range` (rounded out to pages): pages the host itself writes into each instance.
@@ -39,10 +60,10 @@ impl WriteSet {
     }
 
     /// The pages of `[base, base + len)` that this process has written (present, private and
-    /// mapped only here). Runs are exact: copying pages in a gap costs more than another
-    /// `madvise` call (measured).
+    /// mapped only here), and with `reads` those mapped but still the image's. Runs are exact:
+    /// copying pages in a gap costs more than another `madvise` call (measured).
     #[cfg(target_os = "linux")]
-    pub fn measure(base: *const u8, len: usize) -> std::io::Result<Self> {
+    pub fn measure(base: *const u8, len: usize, reads: bool) -> std::io::Result<Self> {
         use std::os::unix::fs::FileExt;
         let start = base as usize;
         if !start.is_multiple_of(PAGE) {
@@ -51,56 +72,63 @@ impl WriteSet {
         let mut raw = vec![0u8; len / PAGE * 8];
         std::fs::File::open("/proc/self/pagemap")?
             .read_exact_at(&mut raw, (start / PAGE * 8) as u64)?;
-        let mut runs: Vec<Range<usize>> = Vec::new();
+        let mut set = Self::default();
         for (i, e) in raw.chunks_exact(8).enumerate() {
             let e = u64::from_ne_bytes(e.try_into().expect("8 bytes"));
             // Bit 63: present; 61: a file page (still the image's); 56: mapped only here (the
             // shared zero page, mapped by reads of memory past the image, is not).
-            let written = e >> 63 & 1 == 1 && e >> 61 & 1 == 0 && e >> 56 & 1 == 1;
-            if !written {
-                continue;
-            }
-            let off = i * PAGE;
-            match runs.last_mut() {
-                Some(r) if off == r.end => r.end = off + PAGE,
-                _ => runs.push(off..off + PAGE),
+            let present = e >> 63 & 1 == 1;
+            let file = e >> 61 & 1 == 1;
+            if present && !file && e >> 56 & 1 == 1 {
+                push_page(&mut set.runs, i * PAGE);
+            } else if reads && present && file {
+                push_page(&mut set.reads, i * PAGE);
             }
         }
-        Ok(Self { runs })
+        Ok(set)
     }
 
     #[cfg(not(target_os = "linux"))]
-    pub fn measure(_: *const u8, _: usize) -> std::io::Result<Self> {
+    pub fn measure(_: *const u8, _: usize, _: bool) -> std::io::Result<Self> {
         Err(std::io::Error::other("pre-faulting needs Linux"))
     }
 
-    /// Makes the set's pages private copies in the memory at `base` (`len` accessible bytes).
-    /// Contents do not change; a failure (a kernel before 5.14) only leaves the pages to fault
-    /// in as before.
+    /// Makes the set's written pages private copies in the memory at `base` (`len` accessible
+    /// bytes), and maps its read pages. Contents do not change; a failure (a kernel before
+    /// 5.14) only leaves the pages to fault in as before.
     ///
     /// # Safety
     /// `[base, base + len)` must be one live, writable mapping (a wasm linear memory's
     /// accessible part) that nothing unmaps while this runs.
     pub unsafe fn populate(&self, base: *mut u8, len: usize) {
         #[cfg(target_os = "linux")]
-        for r in &self.runs {
-            let end = r.end.min(len);
-            if end <= r.start {
-                break;
-            }
-            // SAFETY: within the caller's mapping; POPULATE_WRITE only faults pages in.
-            let rc = unsafe {
-                libc::madvise(
-                    base.add(r.start).cast(),
-                    end - r.start,
-                    libc::MADV_POPULATE_WRITE,
-                )
-            };
-            if rc != 0 {
-                return;
+        // SAFETY: the caller's mapping; POPULATE_WRITE copies pages on write as a store would,
+        // POPULATE_READ maps them as they are.
+        unsafe {
+            if advise(&self.runs, base, len, libc::MADV_POPULATE_WRITE) {
+                advise(&self.reads, base, len, libc::MADV_POPULATE_READ);
             }
         }
         #[cfg(not(target_os = "linux"))]
         let _ = (base, len);
     }
+}
+
+/// `madvise(advice)` on each run within `len` bytes of `base`; false once one fails.
+///
+/// # Safety
+/// As [`PageSet::populate`], with an advice that only faults pages in.
+#[cfg(target_os = "linux")]
+unsafe fn advise(runs: &[Range<usize>], base: *mut u8, len: usize, advice: i32) -> bool {
+    for r in runs {
+        let end = r.end.min(len);
+        if end <= r.start {
+            break;
+        }
+        // SAFETY: within the caller's mapping.
+        if unsafe { libc::madvise(base.add(r.start).cast(), end - r.start, advice) } != 0 {
+            return false;
+        }
+    }
+    true
 }

@@ -19,7 +19,7 @@ use super::guest::{
 use super::{ExecRequest, ExecResult, Language, Place};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Pool, PoolStats};
-use crate::engine::prefault::WriteSet;
+use crate::engine::prefault::PageSet;
 use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, deadline_ticks, snapshot};
 use crate::error::{Error, Result};
@@ -55,9 +55,9 @@ struct Shared {
     /// Instances start initialised (false only if the image could not be built).
     image: bool,
     /// The pages a first `wb_eval` writes in an instance of the image, copied ahead of the
-    /// request (none when not measured): left to page faults they were half of a pooled
-    /// one-shot's time.
-    writes: WriteSet,
+    /// request, and those it reads, mapped (none when not measured): left to page faults they
+    /// were half of a pooled one-shot's time.
+    pages: PageSet,
 }
 
 impl Shared {
@@ -72,7 +72,7 @@ impl Shared {
         if let Some(memory) = instance.get_memory(&mut guest.store, "memory") {
             // SAFETY: the instance's own memory, alive and not growing while this runs.
             unsafe {
-                self.writes.populate(
+                self.pages.populate(
                     memory.data_ptr(&guest.store),
                     memory.data_size(&guest.store),
                 )
@@ -81,8 +81,9 @@ impl Shared {
         Ok(Ready { guest, instance })
     }
 
-    /// Which pages a fresh instance's first small eval writes, measured on a throwaway one.
-    fn measure_writes(&self) -> Result<WriteSet> {
+    /// Which pages a fresh instance's first small eval writes and reads, measured on a
+    /// throwaway one.
+    fn measure_pages(&self) -> Result<PageSet> {
         let Ready {
             mut guest,
             instance,
@@ -98,9 +99,10 @@ impl Shared {
         let memory = instance
             .get_memory(&mut guest.store, "memory")
             .ok_or_else(|| Error::Engine("the module exports no memory".into()))?;
-        WriteSet::measure(
+        PageSet::measure(
             memory.data_ptr(&guest.store),
             memory.data_size(&guest.store),
+            true,
         )
         .map_err(|e| Error::Engine(format!("reading the page map: {e}")))
     }
@@ -143,15 +145,16 @@ impl JsRuntime {
             engine: engine.clone(),
             pre,
             image,
-            writes: WriteSet::default(),
+            pages: PageSet::default(),
         };
-        match on_guest_stack("javascript calibration", || shared.measure_writes()) {
-            Ok(writes) => {
+        match on_guest_stack("javascript calibration", || shared.measure_pages()) {
+            Ok(pages) => {
                 tracing::debug!(
-                    "javascript: {} pages pre-faulted per instance",
-                    writes.pages()
+                    "javascript: {} pages copied and {} mapped ahead per instance",
+                    pages.pages(),
+                    pages.read_pages()
                 );
-                shared.writes = writes;
+                shared.pages = pages;
             }
             Err(e) => tracing::info!("javascript: instances' pages are left to fault in: {e}"),
         }
@@ -178,7 +181,7 @@ impl JsRuntime {
 
     /// Pages copied into each new instance before it is used: those a first small eval writes.
     pub fn prefaulted_pages(&self) -> usize {
-        self.shared.writes.pages()
+        self.shared.pages.pages()
     }
 
     /// Waits until the pool is full (tests and benches measure the hit path with this).

@@ -21,7 +21,7 @@ use super::guest::{
 use super::{ExecRequest, ExecResult, Language};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Polish, Pool, PoolStats};
-use crate::engine::prefault::WriteSet;
+use crate::engine::prefault::PageSet;
 use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, snapshot};
 use crate::error::{Error, Result};
@@ -514,9 +514,11 @@ impl Shared {
         run_turn(&mut guest.store, &instance, &call(("run", "print(1+1)")))
             .map_err(|e| fail(&format!("the sample turn failed: {e:#}")))?;
         let memory = exported_memory(&mut guest, &instance)?;
-        let mut writes = WriteSet::measure(
+        // Pages only read are left to the polish turn (see engine/prefault.rs).
+        let mut writes = PageSet::measure(
             memory.data_ptr(&guest.store),
             memory.data_size(&guest.store),
+            false,
         )
         .map_err(|e| fail(&format!("reading the page map: {e}")))?;
         for r in &rngs {
@@ -643,10 +645,10 @@ impl RngState {
 }
 
 /// Readies an instance of the image without running wasm: the pages a turn writes
-/// pre-faulted ([`WriteSet`]), and fresh random states written into the generators (a snapshot
+/// pre-faulted ([`PageSet`]), and fresh random states written into the generators (a snapshot
 /// would otherwise give every sandbox the image's sequences). A third of a warm-up turn's CPU.
 struct FastReady {
-    writes: WriteSet,
+    writes: PageSet,
     rngs: Vec<RngState>,
 }
 
