@@ -200,17 +200,6 @@ fn session_keeps_state_across_calls() {
         .unwrap();
 }
 
-/// Page faults the calling thread has taken so far.
-#[cfg(target_os = "linux")]
-fn thread_faults() -> i64 {
-    // SAFETY: getrusage only writes the struct it is given.
-    unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut u), 0);
-        u.ru_minflt + u.ru_majflt
-    }
-}
-
 /// A pooled context arrives with the pages its first eval writes already copied and those it
 /// reads mapped (measured once at load): left to faults, each one-shot took 64-71 of them on the
 /// request's path, about half of its time; 14-21 with the copies alone; 4-11 now.

@@ -51,6 +51,23 @@ impl PageSet {
         count(&self.reads)
     }
 
+    /// This set with only the read pages that `earlier` had not mapped.
+    pub fn reads_beyond(mut self, earlier: &PageSet) -> Self {
+        let mapped: std::collections::HashSet<usize> = earlier
+            .reads
+            .iter()
+            .flat_map(|r| r.clone().step_by(PAGE))
+            .collect();
+        let mut reads = Vec::new();
+        for page in self.reads.iter().flat_map(|r| r.clone().step_by(PAGE)) {
+            if !mapped.contains(&page) {
+                push_page(&mut reads, page);
+            }
+        }
+        self.reads = reads;
+        self
+    }
+
     /// Adds `range` (rounded out to pages): pages the host itself writes into each instance.
     pub fn add(&mut self, range: Range<usize>) {
         let start = range.start / PAGE * PAGE;
@@ -131,4 +148,26 @@ unsafe fn advise(runs: &[Range<usize>], base: *mut u8, len: usize, advice: i32) 
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_beyond_keeps_only_pages_not_mapped_before() {
+        let p = |a: usize, b: usize| a * PAGE..b * PAGE;
+        let earlier = PageSet {
+            runs: vec![],
+            reads: vec![p(0, 4), p(10, 12)],
+        };
+        let later = PageSet {
+            runs: vec![p(20, 21)],
+            reads: vec![p(2, 6), p(8, 13)],
+        };
+        let beyond = later.reads_beyond(&earlier);
+        assert_eq!(beyond.reads, vec![p(4, 6), p(8, 10), p(12, 13)]);
+        assert_eq!(beyond.read_pages(), 5);
+        assert_eq!(beyond.runs, vec![p(20, 21)], "written pages are kept as they are");
+    }
 }

@@ -307,14 +307,14 @@ impl PythonRuntime {
             image,
             fast: None,
         };
-        if image {
-            shared.fast = shared.calibrate();
-        }
-        let shared = Arc::new(shared);
-        let s = shared.clone();
         // Instances readied without a turn get one (no user code) once the pool is full: the
         // first request on them then finds the interpreter's own pages and tables mapped.
         let polish_turn = call(("polish", &opts.preimport));
+        if image {
+            shared.fast = shared.calibrate(&polish_turn);
+        }
+        let shared = Arc::new(shared);
+        let s = shared.clone();
         let polish: Option<Polish<Ready>> = shared.fast.as_ref().map(|_| {
             Box::new(move |r: &mut Ready| {
                 run_turn(&mut r.guest.store, &r.instance, &polish_turn)
@@ -470,15 +470,16 @@ impl Shared {
     /// Measures what [`FastReady`] needs on two throwaway instances: where the random
     /// generators' states are, and which pages a small turn maps. On failure instances are
     /// readied by a warm-up turn, as without an image.
-    fn calibrate(&self) -> Option<FastReady> {
-        let measured = on_guest_stack("calibration", || self.measure_fast_ready());
+    fn calibrate(&self, polish_turn: &str) -> Option<FastReady> {
+        let measured = on_guest_stack("calibration", || self.measure_fast_ready(polish_turn));
         match measured {
             Ok(fast) => {
                 tracing::debug!(
                     "python: instances readied without a turn: {} generator(s) reseeded, {} \
-                     pages pre-faulted",
+                     pages copied and {} mapped ahead",
                     fast.rngs.len(),
-                    fast.writes.pages()
+                    fast.pages.pages(),
+                    fast.pages.read_pages()
                 );
                 Some(fast)
             }
@@ -491,7 +492,7 @@ impl Shared {
         }
     }
 
-    fn measure_fast_ready(&self) -> Result<FastReady> {
+    fn measure_fast_ready(&self, polish_turn: &str) -> Result<FastReady> {
         let fail = |what: &str| Error::Engine(format!("calibration: {what}"));
         // Where the generators are: their addresses (`id`) and states, from the guest.
         let (mut guest, instance) = self.instantiate_in(None)?;
@@ -509,22 +510,31 @@ impl Shared {
             .collect::<std::result::Result<Vec<_>, String>>()
             .map_err(|e| fail(&e))?;
         drop(guest);
-        // Which pages: those a fresh instance maps for a small turn.
+        // Which pages: those a pooled instance writes, polished and then given a small turn.
+        // The polish moves the heap on, so a small turn after it writes pages that one on a
+        // fresh instance would not.
+        // Of the pages only read, those the polish maps are left to it (see
+        // engine/prefault.rs); the few more that the small turn reads are mapped ahead.
         let (mut guest, instance) = self.instantiate_in(None)?;
+        let memory = exported_memory(&mut guest, &instance)?;
+        let measure = |guest: &Guest| {
+            PageSet::measure(
+                memory.data_ptr(&guest.store),
+                memory.data_size(&guest.store),
+                true,
+            )
+            .map_err(|e| fail(&format!("reading the page map: {e}")))
+        };
+        run_turn(&mut guest.store, &instance, polish_turn)
+            .map_err(|e| fail(&format!("the polish turn failed: {e:#}")))?;
+        let polished = measure(&guest)?;
         run_turn(&mut guest.store, &instance, &call(("run", "print(1+1)")))
             .map_err(|e| fail(&format!("the sample turn failed: {e:#}")))?;
-        let memory = exported_memory(&mut guest, &instance)?;
-        // Pages only read are left to the polish turn (see engine/prefault.rs).
-        let mut writes = PageSet::measure(
-            memory.data_ptr(&guest.store),
-            memory.data_size(&guest.store),
-            false,
-        )
-        .map_err(|e| fail(&format!("reading the page map: {e}")))?;
+        let mut pages = measure(&guest)?.reads_beyond(&polished);
         for r in &rngs {
-            writes.add(r.index.min(r.state)..r.index.max(r.state + MT_WORDS * 4) + 4);
+            pages.add(r.index.min(r.state)..r.index.max(r.state + MT_WORDS * 4) + 4);
         }
-        Ok(FastReady { writes, rngs })
+        Ok(FastReady { pages, rngs })
     }
 
     fn make_ready(&self) -> Result<Ready> {
@@ -648,7 +658,7 @@ impl RngState {
 /// pre-faulted ([`PageSet`]), and fresh random states written into the generators (a snapshot
 /// would otherwise give every sandbox the image's sequences). A third of a warm-up turn's CPU.
 struct FastReady {
-    writes: PageSet,
+    pages: PageSet,
     rngs: Vec<RngState>,
 }
 
@@ -659,7 +669,7 @@ impl FastReady {
             .ok_or_else(|| wasmtime::format_err!("the module exports no memory"))?;
         // SAFETY: the instance's own memory, alive and not growing while this runs.
         unsafe {
-            self.writes
+            self.pages
                 .populate(memory.data_ptr(&*store), memory.data_size(&*store))
         };
         let data = memory.data_mut(&mut *store);

@@ -226,3 +226,14 @@ pub fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Page faults the calling thread has taken so far.
+#[cfg(target_os = "linux")]
+pub fn thread_faults() -> i64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut u), 0);
+        u.ru_minflt + u.ru_majflt
+    }
+}
