@@ -68,6 +68,24 @@ impl PageSet {
         self
     }
 
+    /// Adds `other`'s pages to this set's: pages written by either are copied, and pages read
+    /// by either but written by neither are mapped.
+    pub fn merge(&mut self, other: PageSet) {
+        let pages = |runs: &[Range<usize>]| -> std::collections::BTreeSet<usize> {
+            runs.iter().flat_map(|r| r.clone().step_by(PAGE)).collect()
+        };
+        let written: std::collections::BTreeSet<usize> = &pages(&self.runs) | &pages(&other.runs);
+        let read = &(&pages(&self.reads) | &pages(&other.reads)) - &written;
+        self.runs.clear();
+        self.reads.clear();
+        for p in written {
+            push_page(&mut self.runs, p);
+        }
+        for p in read {
+            push_page(&mut self.reads, p);
+        }
+    }
+
     /// Adds `range` (rounded out to pages): pages the host itself writes into each instance.
     pub fn add(&mut self, range: Range<usize>) {
         let start = range.start / PAGE * PAGE;
@@ -168,6 +186,25 @@ mod tests {
         let beyond = later.reads_beyond(&earlier);
         assert_eq!(beyond.reads, vec![p(4, 6), p(8, 10), p(12, 13)]);
         assert_eq!(beyond.read_pages(), 5);
-        assert_eq!(beyond.runs, vec![p(20, 21)], "written pages are kept as they are");
+        assert_eq!(
+            beyond.runs,
+            vec![p(20, 21)],
+            "written pages are kept as they are"
+        );
+    }
+
+    #[test]
+    fn merge_unites_and_a_page_written_by_either_is_not_also_read() {
+        let p = |a: usize, b: usize| a * PAGE..b * PAGE;
+        let mut a = PageSet {
+            runs: vec![p(0, 2)],
+            reads: vec![p(5, 7)],
+        };
+        a.merge(PageSet {
+            runs: vec![p(2, 3), p(6, 7)],
+            reads: vec![p(1, 2), p(9, 10)],
+        });
+        assert_eq!(a.runs, vec![p(0, 3), p(6, 7)]);
+        assert_eq!(a.reads, vec![p(5, 6), p(9, 10)]);
     }
 }

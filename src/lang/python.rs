@@ -311,7 +311,7 @@ impl PythonRuntime {
         // first request on them then finds the interpreter's own pages and tables mapped.
         let polish_turn = call(("polish", &opts.preimport));
         if image {
-            shared.fast = shared.calibrate(&polish_turn);
+            shared.fast = shared.calibrate(&polish_turn, &opts.preimport);
         }
         let shared = Arc::new(shared);
         let s = shared.clone();
@@ -470,8 +470,10 @@ impl Shared {
     /// Measures what [`FastReady`] needs on two throwaway instances: where the random
     /// generators' states are, and which pages a small turn maps. On failure instances are
     /// readied by a warm-up turn, as without an image.
-    fn calibrate(&self, polish_turn: &str) -> Option<FastReady> {
-        let measured = on_guest_stack("calibration", || self.measure_fast_ready(polish_turn));
+    fn calibrate(&self, polish_turn: &str, preimport: &[String]) -> Option<FastReady> {
+        let measured = on_guest_stack("calibration", || {
+            self.measure_fast_ready(polish_turn, preimport)
+        });
         match measured {
             Ok(fast) => {
                 tracing::debug!(
@@ -492,7 +494,7 @@ impl Shared {
         }
     }
 
-    fn measure_fast_ready(&self, polish_turn: &str) -> Result<FastReady> {
+    fn measure_fast_ready(&self, polish_turn: &str, preimport: &[String]) -> Result<FastReady> {
         let fail = |what: &str| Error::Engine(format!("calibration: {what}"));
         // Where the generators are: their addresses (`id`) and states, from the guest.
         let (mut guest, instance) = self.instantiate_in(None)?;
@@ -510,27 +512,34 @@ impl Shared {
             .collect::<std::result::Result<Vec<_>, String>>()
             .map_err(|e| fail(&e))?;
         drop(guest);
-        // Which pages: those a pooled instance writes, polished and then given a small turn.
-        // The polish moves the heap on, so a small turn after it writes pages that one on a
-        // fresh instance would not.
-        // Of the pages only read, those the polish maps are left to it (see
-        // engine/prefault.rs); the few more that the small turn reads are mapped ahead.
-        let (mut guest, instance) = self.instantiate_in(None)?;
-        let memory = exported_memory(&mut guest, &instance)?;
-        let measure = |guest: &Guest| {
-            PageSet::measure(
-                memory.data_ptr(&guest.store),
-                memory.data_size(&guest.store),
-                true,
-            )
-            .map_err(|e| fail(&format!("reading the page map: {e}")))
-        };
-        run_turn(&mut guest.store, &instance, polish_turn)
-            .map_err(|e| fail(&format!("the polish turn failed: {e:#}")))?;
-        let polished = measure(&guest)?;
-        run_turn(&mut guest.store, &instance, &call(("run", "print(1+1)")))
-            .map_err(|e| fail(&format!("the sample turn failed: {e:#}")))?;
-        let mut pages = measure(&guest)?.reads_beyond(&polished);
+        // Which pages: those a pooled instance writes, polished and then given a small turn
+        // (each sample on its own instance). The polish moves the heap on, so a turn after it
+        // writes pages that one on a fresh instance would not. Of the pages only read, those
+        // the polish maps are left to it (see engine/prefault.rs); the few more that the turn
+        // reads are mapped ahead.
+        let mut pages = PageSet::default();
+        for sample in sample_turns(preimport) {
+            let (mut guest, instance) = self.instantiate_in(None)?;
+            let memory = exported_memory(&mut guest, &instance)?;
+            let measure = |guest: &Guest| {
+                PageSet::measure(
+                    memory.data_ptr(&guest.store),
+                    memory.data_size(&guest.store),
+                    true,
+                )
+                .map_err(|e| fail(&format!("reading the page map: {e}")))
+            };
+            run_turn(&mut guest.store, &instance, polish_turn)
+                .map_err(|e| fail(&format!("the polish turn failed: {e:#}")))?;
+            let polished = measure(&guest)?;
+            run_turn(&mut guest.store, &instance, &call(("run", sample))).map_err(|e| {
+                fail(&format!(
+                    "the sample turn {sample:?} failed: {e:#}: {}",
+                    guest.take_stderr()
+                ))
+            })?;
+            pages.merge(measure(&guest)?.reads_beyond(&polished));
+        }
         for r in &rngs {
             pages.add(r.index.min(r.state)..r.index.max(r.state + MT_WORDS * 4) + 4);
         }
@@ -572,6 +581,21 @@ fn exported_memory(guest: &mut Guest, instance: &Instance) -> Result<wasmtime::M
     instance
         .get_memory(&mut guest.store, "memory")
         .ok_or_else(|| Error::Engine("calibration: python exports no memory".into()))
+}
+
+/// Small first turns whose pages every instance gets ahead: a `print`, and the common first
+/// steps with the pre-imported numpy and pandas (a new array's allocation alone writes ~17
+/// pages past the heap's end).
+fn sample_turns(preimport: &[String]) -> Vec<&'static str> {
+    let has = |m: &str| preimport.iter().any(|p| p == m);
+    let mut turns = vec!["print(1+1)"];
+    if has("numpy") {
+        turns.push("import numpy as np\nprint(np.arange(1000).sum())");
+    }
+    if has("pandas") {
+        turns.push("import pandas as pd\nprint(pd.__version__)");
+    }
+    turns
 }
 
 /// Words of an MT19937 state (CPython's `random` and numpy's legacy `RandomState` both use it).
