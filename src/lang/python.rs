@@ -467,9 +467,9 @@ impl PySession {
 }
 
 impl Shared {
-    /// Measures what [`FastReady`] needs on two throwaway instances: where the random
-    /// generators' states are, and which pages a small turn maps. On failure instances are
-    /// readied by a warm-up turn, as without an image.
+    /// Measures what [`FastReady`] needs on throwaway instances: where the random generators'
+    /// states are, and which pages small first turns map after the polish. On failure
+    /// instances are readied by a warm-up turn, as without an image.
     fn calibrate(&self, polish_turn: &str, preimport: &[String]) -> Option<FastReady> {
         let measured = on_guest_stack("calibration", || {
             self.measure_fast_ready(polish_turn, preimport)
@@ -678,8 +678,8 @@ impl RngState {
     }
 }
 
-/// Readies an instance of the image without running wasm: the pages a turn writes
-/// pre-faulted ([`PageSet`]), and fresh random states written into the generators (a snapshot
+/// Readies an instance of the image without running wasm: the pages first turns write copied
+/// and those they read mapped ([`PageSet`]), and fresh random states written into the generators (a snapshot
 /// would otherwise give every sandbox the image's sequences). A third of a warm-up turn's CPU.
 struct FastReady {
     pages: PageSet,
