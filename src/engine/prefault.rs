@@ -1,4 +1,4 @@
-//! Pre-faulting, ahead of a request, the pages a fresh instance is going to write.
+//! Pre-faulting, ahead of a request, the pages a fresh instance is going to write and read.
 //!
 //! Every instance of an image starts from the same copy-on-write mapping of it, and a small
 //! turn writes the same few hundred pages in each. Left to page faults, most of them are first
@@ -9,13 +9,14 @@
 //! on pages not mapped yet makes the same private copies with no fault and no flush.
 //!
 //! Pages only read can be mapped ahead too (`MADV_POPULATE_READ`: the image's own pages, no
-//! copies). Worth it for a small image (QuickJS: its first eval's 17 faults down to 7); not for
-//! CPython's (~1,900 pages, more CPU than the faults it saved, and its pool's polish turn maps
-//! what a first turn reads anyway).
+//! copies). QuickJS's first eval reads ~148 (its 17 faults down to 7). Of CPython's ~1,900,
+//! mapping all cost more CPU than the faults it saved; its pool's polish turn maps most, and
+//! only those a first turn reads beyond the polish (~125) are mapped ahead.
 //!
-//! Which pages: measured once per image on a calibration instance after a sample turn
+//! Which pages: measured once per image on calibration instances after sample turns
 //! (`/proc/self/pagemap` tells private, written pages from those still shared with the image).
 
+use std::collections::BTreeSet;
 use std::ops::Range;
 
 const PAGE: usize = 4096;
@@ -40,6 +41,20 @@ fn count(runs: &[Range<usize>]) -> usize {
     runs.iter().map(|r| r.len() / PAGE).sum()
 }
 
+/// The offsets of the pages in `runs`.
+fn pages_of(runs: &[Range<usize>]) -> BTreeSet<usize> {
+    runs.iter().flat_map(|r| r.clone().step_by(PAGE)).collect()
+}
+
+/// Page offsets, in order, as runs.
+fn to_runs(pages: &BTreeSet<usize>) -> Vec<Range<usize>> {
+    let mut runs = Vec::new();
+    for &p in pages {
+        push_page(&mut runs, p);
+    }
+    runs
+}
+
 impl PageSet {
     /// How many pages [`PageSet::populate`] copies ahead.
     pub fn pages(&self) -> usize {
@@ -53,37 +68,17 @@ impl PageSet {
 
     /// This set with only the read pages that `earlier` had not mapped.
     pub fn reads_beyond(mut self, earlier: &PageSet) -> Self {
-        let mapped: std::collections::HashSet<usize> = earlier
-            .reads
-            .iter()
-            .flat_map(|r| r.clone().step_by(PAGE))
-            .collect();
-        let mut reads = Vec::new();
-        for page in self.reads.iter().flat_map(|r| r.clone().step_by(PAGE)) {
-            if !mapped.contains(&page) {
-                push_page(&mut reads, page);
-            }
-        }
-        self.reads = reads;
+        self.reads = to_runs(&(&pages_of(&self.reads) - &pages_of(&earlier.reads)));
         self
     }
 
     /// Adds `other`'s pages to this set's: pages written by either are copied, and pages read
     /// by either but written by neither are mapped.
     pub fn merge(&mut self, other: PageSet) {
-        let pages = |runs: &[Range<usize>]| -> std::collections::BTreeSet<usize> {
-            runs.iter().flat_map(|r| r.clone().step_by(PAGE)).collect()
-        };
-        let written: std::collections::BTreeSet<usize> = &pages(&self.runs) | &pages(&other.runs);
-        let read = &(&pages(&self.reads) | &pages(&other.reads)) - &written;
-        self.runs.clear();
-        self.reads.clear();
-        for p in written {
-            push_page(&mut self.runs, p);
-        }
-        for p in read {
-            push_page(&mut self.reads, p);
-        }
+        let written = &pages_of(&self.runs) | &pages_of(&other.runs);
+        let read = &(&pages_of(&self.reads) | &pages_of(&other.reads)) - &written;
+        self.runs = to_runs(&written);
+        self.reads = to_runs(&read);
     }
 
     /// Adds `range` (rounded out to pages): pages the host itself writes into each instance.
