@@ -178,26 +178,21 @@ fn session_keeps_state_across_calls() {
         })
         .unwrap();
     // Guests run on threads with a stack deeper than the wasm stack limit.
-    std::thread::Builder::new()
-        .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
-        .spawn(move || {
-            let t = Duration::from_secs(10);
-            let mut s = js.session(&req).unwrap();
-            assert_eq!(s.eval("let x = 1; const f = (a) => a * 2;", t).stdout, "");
-            assert_eq!(s.eval("x + 1", t).stdout, "2\n");
-            assert_eq!(s.eval("x = f(x + 20); x", t).stdout, "42\n");
-            let r = s.eval("throw new Error('oops')", t);
-            assert_eq!(r.exit_code, 1);
-            assert!(s.alive(), "an exception does not end the session");
-            assert_eq!(s.eval("'still ' + x", t).stdout, "'still 42'\n");
-            let r = s.eval("while (true) {}", Duration::from_millis(300));
-            assert_eq!(r.limit, Some(wasmbox::LimitHit::Timeout));
-            assert!(!s.alive(), "a trapped session must be replaced");
-            assert_ne!(s.eval("x", t).exit_code, 0);
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+    on_guest_stack(move || {
+        let t = Duration::from_secs(10);
+        let mut s = js.session(&req).unwrap();
+        assert_eq!(s.eval("let x = 1; const f = (a) => a * 2;", t).stdout, "");
+        assert_eq!(s.eval("x + 1", t).stdout, "2\n");
+        assert_eq!(s.eval("x = f(x + 20); x", t).stdout, "42\n");
+        let r = s.eval("throw new Error('oops')", t);
+        assert_eq!(r.exit_code, 1);
+        assert!(s.alive(), "an exception does not end the session");
+        assert_eq!(s.eval("'still ' + x", t).stdout, "'still 42'\n");
+        let r = s.eval("while (true) {}", Duration::from_millis(300));
+        assert_eq!(r.limit, Some(wasmbox::LimitHit::Timeout));
+        assert!(!s.alive(), "a trapped session must be replaced");
+        assert_ne!(s.eval("x", t).exit_code, 0);
+    });
 }
 
 /// A pooled context arrives with the pages its first eval writes already copied and those it
@@ -222,24 +217,11 @@ fn a_pooled_one_shot_finds_its_pages_copied() {
             ..Default::default()
         })
         .unwrap();
-    let mut faults = std::thread::Builder::new()
-        .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
-        .spawn(move || {
-            (0..7)
-                .map(|_| {
-                    assert!(js.wait_pool_full(Duration::from_secs(30)));
-                    let before = thread_faults();
-                    let r = js.run_oneshot(&req).unwrap();
-                    let took = thread_faults() - before;
-                    assert_eq!(r.stdout, "42\n");
-                    took
-                })
-                .collect::<Vec<_>>()
-        })
-        .unwrap()
-        .join()
-        .unwrap();
-    faults.sort_unstable();
+    let pool = js.clone();
+    let faults = faults_per_call(
+        move || assert!(pool.wait_pool_full(Duration::from_secs(30))),
+        move || assert_eq!(js.run_oneshot(&req).unwrap().stdout, "42\n"),
+    );
     assert!(
         faults[faults.len() / 2] <= 12,
         "page faults per pooled one-shot: {faults:?}"
@@ -361,12 +343,7 @@ fn the_image_is_rebuilt_when_the_artifact_changes() {
             ..Default::default()
         })
         .unwrap();
-    let out = std::thread::Builder::new()
-        .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
-        .spawn(move || js.run_oneshot(&req).unwrap())
-        .unwrap()
-        .join()
-        .unwrap();
+    let out = on_guest_stack(move || js.run_oneshot(&req).unwrap());
     assert_eq!(out.stdout, "42\n");
     assert_eq!(load().1, Origin::Cached, "and is reused in turn");
 }

@@ -220,24 +220,14 @@ fn a_polished_one_shot_takes_no_page_faults() {
             ..Default::default()
         })
         .unwrap();
-    let mut faults = std::thread::Builder::new()
-        .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
-        .spawn(move || {
-            (0..7)
-                .map(|_| {
-                    assert!(python.wait_pool_full(Duration::from_secs(60)));
-                    let before = thread_faults();
-                    let r = python.run_oneshot(&req).unwrap();
-                    let took = thread_faults() - before;
-                    assert_eq!(r.stdout, "42\n", "{r:?}");
-                    took
-                })
-                .collect::<Vec<_>>()
-        })
-        .unwrap()
-        .join()
-        .unwrap();
-    faults.sort_unstable();
+    let pool = python.clone();
+    let faults = faults_per_call(
+        move || assert!(pool.wait_pool_full(Duration::from_secs(60))),
+        move || {
+            let r = python.run_oneshot(&req).unwrap();
+            assert_eq!(r.stdout, "42\n", "{r:?}");
+        },
+    );
     assert!(
         faults[faults.len() / 2] <= 2,
         "page faults per pooled one-shot: {faults:?}"

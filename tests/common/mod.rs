@@ -237,3 +237,35 @@ pub fn thread_faults() -> i64 {
         u.ru_minflt + u.ru_majflt
     }
 }
+
+/// Runs `f` on a thread with a guest's stack (synchronous wasm calls need one), returning its
+/// result; a panic in it fails the caller.
+pub fn on_guest_stack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    std::thread::Builder::new()
+        .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+/// The page faults each of 7 calls of `one` takes on a guest's stack, each once `ready`
+/// returns (untimed, uncounted), sorted.
+#[cfg(target_os = "linux")]
+pub fn faults_per_call(
+    ready: impl Fn() + Send + 'static,
+    one: impl Fn() + Send + 'static,
+) -> Vec<i64> {
+    let mut faults = on_guest_stack(move || {
+        (0..7)
+            .map(|_| {
+                ready();
+                let before = thread_faults();
+                one();
+                thread_faults() - before
+            })
+            .collect::<Vec<_>>()
+    });
+    faults.sort_unstable();
+    faults
+}
