@@ -123,14 +123,30 @@ impl PageSet {
         Err(std::io::Error::other("pre-faulting needs Linux"))
     }
 
-    /// Makes the set's written pages private copies in the memory at `base` (`len` accessible
-    /// bytes), and maps its read pages. Contents do not change; a failure (a kernel before
-    /// 5.14) only leaves the pages to fault in as before.
-    ///
+    /// [`PageSet::measure`] of a wasm linear memory's accessible part.
+    pub fn measure_memory(
+        store: impl wasmtime::AsContext,
+        memory: wasmtime::Memory,
+        reads: bool,
+    ) -> std::io::Result<Self> {
+        let store = store.as_context();
+        Self::measure(memory.data_ptr(&store), memory.data_size(&store), reads)
+    }
+
+    /// Makes the set's written pages private copies in `memory`, and maps its read pages.
+    /// Contents do not change; a failure (a kernel before 5.14) only leaves the pages to fault
+    /// in as before.
+    pub fn populate_memory(&self, store: impl wasmtime::AsContext, memory: wasmtime::Memory) {
+        let store = store.as_context();
+        // SAFETY: the memory's accessible part, live while its store is borrowed here, and
+        // nothing can grow it meanwhile.
+        unsafe { self.populate(memory.data_ptr(&store), memory.data_size(&store)) }
+    }
+
     /// # Safety
     /// `[base, base + len)` must be one live, writable mapping (a wasm linear memory's
     /// accessible part) that nothing unmaps while this runs.
-    pub unsafe fn populate(&self, base: *mut u8, len: usize) {
+    unsafe fn populate(&self, base: *mut u8, len: usize) {
         #[cfg(target_os = "linux")]
         // SAFETY: the caller's mapping; POPULATE_WRITE copies pages on write as a store would,
         // POPULATE_READ maps them as they are.

@@ -70,13 +70,7 @@ impl Shared {
             init(&mut guest.store, &instance).map_err(engine_err)?;
         }
         if let Some(memory) = instance.get_memory(&mut guest.store, "memory") {
-            // SAFETY: the instance's own memory, alive and not growing while this runs.
-            unsafe {
-                self.pages.populate(
-                    memory.data_ptr(&guest.store),
-                    memory.data_size(&guest.store),
-                )
-            };
+            self.pages.populate_memory(&guest.store, memory);
         }
         Ok(Ready { guest, instance })
     }
@@ -99,12 +93,8 @@ impl Shared {
         let memory = instance
             .get_memory(&mut guest.store, "memory")
             .ok_or_else(|| Error::Engine("the module exports no memory".into()))?;
-        PageSet::measure(
-            memory.data_ptr(&guest.store),
-            memory.data_size(&guest.store),
-            true,
-        )
-        .map_err(|e| Error::Engine(format!("reading the page map: {e}")))
+        PageSet::measure_memory(&guest.store, memory, true)
+            .map_err(|e| Error::Engine(format!("reading the page map: {e}")))
     }
 }
 

@@ -522,12 +522,8 @@ impl Shared {
             let (mut guest, instance) = self.instantiate_in(None)?;
             let memory = exported_memory(&mut guest, &instance)?;
             let measure = |guest: &Guest| {
-                PageSet::measure(
-                    memory.data_ptr(&guest.store),
-                    memory.data_size(&guest.store),
-                    true,
-                )
-                .map_err(|e| fail(&format!("reading the page map: {e}")))
+                PageSet::measure_memory(&guest.store, memory, true)
+                    .map_err(|e| fail(&format!("reading the page map: {e}")))
             };
             run_turn(&mut guest.store, &instance, polish_turn)
                 .map_err(|e| fail(&format!("the polish turn failed: {e:#}")))?;
@@ -691,11 +687,7 @@ impl FastReady {
         let memory = instance
             .get_memory(&mut *store, "memory")
             .ok_or_else(|| wasmtime::format_err!("the module exports no memory"))?;
-        // SAFETY: the instance's own memory, alive and not growing while this runs.
-        unsafe {
-            self.pages
-                .populate(memory.data_ptr(&*store), memory.data_size(&*store))
-        };
+        self.pages.populate_memory(&*store, memory);
         let data = memory.data_mut(&mut *store);
         let outside = || wasmtime::format_err!("a generator's state is outside the memory");
         for r in &self.rngs {
