@@ -1,8 +1,9 @@
 //! Latency budgets, through the library (run with `cargo bench --bench oneshot`):
 //! one-shots on the pool-hit path (a ready instance is waiting; waiting for the refill is not
 //! timed), through `Wasmbox::execute` and through the blocking `run_oneshot` on the caller's
-//! thread, and on the pool-empty path (pool size 0: instantiate + warm-up on the request), a
-//! JavaScript session turn, throughput with 2 and 8 concurrent callers, and Go:
+//! thread, and on the pool-empty path (pool size 0: instantiate + warm-up on the request),
+//! session turns (a JavaScript one, a persistent Python one, and each language's first turn in
+//! a new sandbox, whose instance is always made on the request), throughput with 2 and 8 concurrent callers, and Go:
 //! `go_repeat_snippet` runs the same source again (its module is cached in memory);
 //! `go_new_snippet` changes a constant every iteration, so each one runs the Go toolchain (with
 //! the GOCACHE pre-warmed by ./fetch-runtimes.sh) and a Winch compile.
@@ -222,6 +223,8 @@ fn pool_empty(c: &mut Criterion) {
         let o = opts("python", code);
         g.bench_function(format!("python_{name}"), |b| b.iter(|| run(&wb, &rt, &o)));
     }
+    let o = opts("javascript", "console.log(1+1)");
+    g.bench_function("javascript_console_log", |b| b.iter(|| run(&wb, &rt, &o)));
     g.finish();
 }
 
@@ -290,8 +293,9 @@ fn throughput(c: &mut Criterion) {
     g.finish();
 }
 
-/// Sandboxes: creating one (the goal is under 1 ms: nothing starts until code runs) and a
-/// persistent Python turn through the library, as `execute_code` mode persistent runs it.
+/// Sandboxes: creating one (the goal is under 1 ms: nothing starts until code runs), a new
+/// sandbox's first turn (its session starting), and a persistent Python turn through the
+/// library, as `execute_code` mode persistent runs it.
 fn sandbox(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let wb = wasmbox(0, &rt);
@@ -305,6 +309,24 @@ fn sandbox(c: &mut Criterion) {
             wb.sandboxes().delete(&sb.id, LOCAL_OWNER).unwrap();
         })
     });
+    // A session's first turn starts its instance in the sandbox's own directories (never a
+    // pooled one, whose preopens are another's): this is a session's pool-empty path.
+    for language in ["python", "javascript"] {
+        let req = wb.request(opts(language, "x = 1")).unwrap();
+        g.bench_function(format!("{language}_first_turn"), |b| {
+            b.iter(|| {
+                let sb = wb
+                    .sandboxes()
+                    .create("code-interpreter", None, Default::default(), LOCAL_OWNER)
+                    .unwrap();
+                let r = rt
+                    .block_on(wb.execute_in(&sb, req.clone(), None, false))
+                    .unwrap();
+                assert_eq!(r.exit_code, 0, "{}", r.stderr);
+                wb.sandboxes().delete(&sb.id, LOCAL_OWNER).unwrap();
+            })
+        });
+    }
     let sb = wb
         .sandboxes()
         .create("code-interpreter", None, Default::default(), LOCAL_OWNER)
