@@ -3,7 +3,8 @@
 //! timed), through `Wasmbox::execute` and through the blocking `run_oneshot` on the caller's
 //! thread, and on the pool-empty path (pool size 0: instantiate + warm-up on the request),
 //! session turns (a JavaScript one, a persistent Python one, and each language's first turn in
-//! a new sandbox, whose instance is always made on the request), throughput with 2 and 8 concurrent callers, and Go:
+//! a new sandbox, whose instance is always made on the request), throughput with 2 and 8
+//! concurrent callers, and Go:
 //! `go_repeat_snippet` runs the same source again (its module is cached in memory);
 //! `go_new_snippet` changes a constant every iteration, so each one runs the Go toolchain (with
 //! the GOCACHE pre-warmed by ./fetch-runtimes.sh) and a Winch compile.

@@ -93,7 +93,7 @@ impl PageSet {
     /// mapped only here), and with `reads` those mapped but still the image's. Runs are exact:
     /// copying pages in a gap costs more than another `madvise` call (measured).
     #[cfg(target_os = "linux")]
-    pub fn measure(base: *const u8, len: usize, reads: bool) -> std::io::Result<Self> {
+    fn measure(base: *const u8, len: usize, reads: bool) -> std::io::Result<Self> {
         use std::os::unix::fs::FileExt;
         let start = base as usize;
         if !start.is_multiple_of(PAGE) {
@@ -119,7 +119,7 @@ impl PageSet {
     }
 
     #[cfg(not(target_os = "linux"))]
-    pub fn measure(_: *const u8, _: usize, _: bool) -> std::io::Result<Self> {
+    fn measure(_: *const u8, _: usize, _: bool) -> std::io::Result<Self> {
         Err(std::io::Error::other("pre-faulting needs Linux"))
     }
 
