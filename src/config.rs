@@ -27,8 +27,22 @@ pub struct Config {
     pub max_output_bytes: usize,
     /// Largest accepted code input.
     pub max_code_bytes: usize,
-    /// Executions that may run at once; more wait their turn.
+    /// Guests that may execute wasm at once (CPU slots); a guest waiting in a sleep holds none.
     pub max_concurrency: usize,
+    /// CPU slots background work (jobs, async executions) may never take, so that a plain
+    /// call always finds one.
+    pub foreground_slots: usize,
+    /// Guests alive at once (computing or waiting): the guest threads' cap.
+    pub max_guests: usize,
+    /// How long a call may wait for a guest thread and a CPU slot before it is refused as busy;
+    /// the call's own deadline starts only once it runs.
+    pub queue_wait: Duration,
+    /// Background jobs and async executions running at once, in all and per owner (token).
+    pub max_jobs: usize,
+    pub max_jobs_per_owner: usize,
+    /// Sandbox-less async executions waiting for a job slot: how many, and their code's bytes.
+    pub async_queue: usize,
+    pub async_queue_bytes: usize,
     /// Python image and pool settings.
     pub python: PythonOptions,
     /// Instance slots of wasmtime's pooling allocator (0: allocate on demand). Must cover every
@@ -56,7 +70,10 @@ pub const MIB: usize = 1 << 20;
 impl Config {
     /// Defaults, overridden by `WASMBOX_RUNTIMES`, `WASMBOX_CACHE`,
     /// `WASMBOX_CACHE_MAX_AGE_DAYS` (0: keep every compiled module), `WASMBOX_MEMORY_MB`,
-    /// `WASMBOX_OUTPUT_BYTES`, `WASMBOX_CONCURRENCY`, `WASMBOX_PYTHON_PREIMPORT` (comma-separated
+    /// `WASMBOX_OUTPUT_BYTES`, `WASMBOX_CONCURRENCY`, `WASMBOX_FOREGROUND_SLOTS`,
+    /// `WASMBOX_MAX_GUESTS`, `WASMBOX_QUEUE_WAIT_S`, `WASMBOX_MAX_JOBS`,
+    /// `WASMBOX_MAX_JOBS_PER_TOKEN`, `WASMBOX_ASYNC_QUEUE`, `WASMBOX_ASYNC_QUEUE_MB`,
+    /// `WASMBOX_PYTHON_PREIMPORT` (comma-separated
     /// modules, or `none` for no pre-initialised image), `WASMBOX_POOL_SIZE`,
     /// `WASMBOX_POOL_MEMORY_MB`, `WASMBOX_POOL_REFILL_THREADS`, `WASMBOX_POOLED_INSTANCES` (0 turns the
     /// pooling allocator off), `WASMBOX_SANDBOX_TIMEOUT` (seconds), `WASMBOX_MAX_SANDBOXES`,
@@ -75,6 +92,8 @@ impl Config {
             .unwrap_or(2);
         let memory = env_num("WASMBOX_MEMORY_MB").map_or(1024 * MIB, |m| m * MIB);
         let output = env_num("WASMBOX_OUTPUT_BYTES").unwrap_or(MIB);
+        let concurrency = env_num("WASMBOX_CONCURRENCY").unwrap_or(cores * 2).max(1);
+        let max_jobs = env_num("WASMBOX_MAX_JOBS").unwrap_or(cores * 2).max(1);
         Config {
             runtimes_dir: std::env::var_os("WASMBOX_RUNTIMES")
                 .map(PathBuf::from)
@@ -95,7 +114,23 @@ impl Config {
             max_memory_bytes: memory.max(4096 * MIB),
             max_output_bytes: output.max(16 * MIB),
             max_code_bytes: 4 * MIB,
-            max_concurrency: env_num("WASMBOX_CONCURRENCY").unwrap_or(cores * 2).max(1),
+            max_concurrency: concurrency,
+            foreground_slots: env_num("WASMBOX_FOREGROUND_SLOTS")
+                .unwrap_or((concurrency / 4).max(1)),
+            max_guests: env_num("WASMBOX_MAX_GUESTS").unwrap_or(32).max(concurrency),
+            queue_wait: Duration::from_secs_f64(
+                std::env::var("WASMBOX_QUEUE_WAIT_S")
+                    .ok()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .filter(|v| v.is_finite() && *v >= 0.0)
+                    .unwrap_or(10.0),
+            ),
+            max_jobs,
+            max_jobs_per_owner: env_num("WASMBOX_MAX_JOBS_PER_TOKEN")
+                .unwrap_or(max_jobs / 2)
+                .max(1),
+            async_queue: env_num("WASMBOX_ASYNC_QUEUE").unwrap_or(16),
+            async_queue_bytes: env_num("WASMBOX_ASYNC_QUEUE_MB").unwrap_or(16) * MIB,
             pooled_instances: env_num("WASMBOX_POOLED_INSTANCES").unwrap_or(256) as u32,
             cloud: CloudConfig::from_env(),
             sandbox: SandboxConfig {

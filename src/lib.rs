@@ -57,8 +57,13 @@ struct Inner {
     python: OnceCell<Arc<PythonRuntime>>,
     javascript: OnceCell<Arc<JsRuntime>>,
     go: OnceCell<Arc<GoRuntime>>,
-    permits: Semaphore,
+    /// Live guests (computing or waiting): a call waits for one within the queue wait.
+    live: Semaphore,
+    /// Guests computing: given back while a guest waits in a sleep.
+    cpu: Arc<engine::cpu::CpuSlots>,
     guests: engine::threads::GuestThreads,
+    /// Background jobs and async executions running, in all and per owner.
+    jobs: Arc<sandbox::jobs::JobBudget>,
     started: Instant,
     executions: AtomicU64,
     sandboxes: Arc<Sandboxes>,
@@ -112,8 +117,18 @@ impl Wasmbox {
                     .user_agent(concat!("wasmbox/", env!("CARGO_PKG_VERSION")))
                     .build()
                     .map_err(|e| Error::Engine(format!("building the HTTP client: {e}")))?,
-                permits: Semaphore::new(config.max_concurrency),
-                guests: engine::threads::GuestThreads::new(config.max_concurrency),
+                live: Semaphore::new(config.max_guests),
+                cpu: engine::cpu::CpuSlots::new(config.max_concurrency, config.foreground_slots),
+                guests: engine::threads::GuestThreads::new(
+                    config.max_concurrency,
+                    config.max_guests,
+                ),
+                jobs: sandbox::jobs::JobBudget::new(
+                    config.max_jobs,
+                    config.max_jobs_per_owner,
+                    config.async_queue,
+                    config.async_queue_bytes,
+                ),
                 config,
                 engine,
                 cache,
@@ -265,6 +280,29 @@ impl Wasmbox {
             "memories": m.memories(),
             "gc_heaps": m.gc_heaps(),
         }))
+    }
+
+    /// CPU slots: how many, how many background work may never take, and in use now.
+    pub fn cpu_stats(&self) -> serde_json::Value {
+        let cpu = &self.inner.cpu;
+        let (busy, background) = cpu.busy();
+        serde_json::json!({
+            "total": cpu.total(),
+            "reserved_for_calls": cpu.reserved(),
+            "busy": busy,
+            "background": background,
+            "max_guests": self.inner.config.max_guests,
+        })
+    }
+
+    /// `owner`'s running background jobs and async executions, and the caps.
+    pub fn job_stats(&self, owner: &str) -> serde_json::Value {
+        let cfg = &self.inner.config;
+        serde_json::json!({
+            "running": self.inner.jobs.running(owner).1,
+            "max_per_token": cfg.max_jobs_per_owner,
+            "max": cfg.max_jobs,
+        })
     }
 
     /// Pool counters of the loaded runtimes (nothing is loaded by asking).
@@ -532,19 +570,78 @@ impl Wasmbox {
         })
     }
 
-    /// Runs a blocking execution on a guest thread, within the concurrency limit.
+    /// Runs a blocking execution on a guest thread, holding a CPU slot while it computes.
+    /// Waiting for the thread and the slot is bounded by the queue wait (then: busy); the call's
+    /// own deadline starts when it runs.
     async fn on_guest_thread(&self, run: Run) -> Result<ExecResult> {
-        let _permit = self
-            .inner
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| Error::Busy("shutting down".into()))?;
+        let cfg = &self.inner.config;
+        let queued = Instant::now();
+        let busy = move || {
+            Error::Busy(format!(
+                "every execution slot ({} running at once, WASMBOX_CONCURRENCY) stayed taken for                  {:.0} s (WASMBOX_QUEUE_WAIT_S); try again shortly",
+                cfg.max_concurrency,
+                cfg.queue_wait.as_secs_f64()
+            ))
+        };
+        let _live = match tokio::time::timeout(cfg.queue_wait, self.inner.live.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => return Err(Error::Busy("shutting down".into())),
+            Err(_) => return Err(busy()),
+        };
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
+        let cpu = self.inner.cpu.clone();
+        let wait = cfg.queue_wait.saturating_sub(queued.elapsed());
+        let refused = busy();
         let t = Instant::now();
-        let r = self.inner.guests.run(run).await;
+        let r = self
+            .inner
+            .guests
+            .run(
+                move || match cpu.acquire(engine::cpu::Class::Foreground, wait) {
+                    Some(permit) => engine::cpu::CpuSlots::run_holding(permit, run),
+                    None => Err(refused),
+                },
+            )
+            .await;
         tracing::debug!("execute: on guest thread {:?}", t.elapsed());
         r
+    }
+
+    /// Runs `run` as background work on a thread of its own (it may last an hour and must not
+    /// hold a guest thread): it computes only in the slots background work may take, waits for
+    /// one until `stop` is raised (the guest then stops itself at once), and keeps its place
+    /// in the job budget until it ends.
+    fn spawn_background(
+        &self,
+        name: String,
+        run: Run,
+        stop: Arc<engine::limits::Stop>,
+        ticket: sandbox::jobs::JobTicket,
+        done: impl FnOnce(Result<ExecResult>) + Send + 'static,
+    ) -> Result<()> {
+        let cpu = self.inner.cpu.clone();
+        self.inner.executions.fetch_add(1, Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name(name)
+            .stack_size(engine::GUEST_THREAD_STACK)
+            .spawn(move || {
+                let _ticket = ticket;
+                let permit = loop {
+                    let p = cpu.acquire(engine::cpu::Class::Background, Duration::from_millis(10));
+                    if p.is_some() || stop.reason().is_some() {
+                        break p;
+                    }
+                };
+                let go = move || match permit {
+                    Some(p) => engine::cpu::CpuSlots::run_holding(p, run),
+                    None => run(),
+                };
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(go))
+                    .unwrap_or_else(|_| Err(Error::Engine("the job panicked".into())));
+                done(r);
+            })
+            .map(drop)
+            .map_err(|e| Error::Busy(format!("starting a job thread: {e}")))
     }
 
     /// The compiled-module cache.
@@ -650,21 +747,26 @@ impl Wasmbox {
             p.output = Some(job.output());
         }
         let run = self.runner(req).await?;
+        let ticket = self.inner.jobs.try_take(&sb.owner)?;
         sb.add_job(job.clone())?;
         let (j, sb2) = (job.clone(), sb.clone());
-        std::thread::Builder::new()
-            .name(format!("wasmbox-job-{}", job.id))
-            .stack_size(engine::GUEST_THREAD_STACK)
-            .spawn(move || {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
-                    .unwrap_or_else(|_| Err(Error::Engine("the job panicked".into())))
-                    .map(|mut r| {
-                        quota_note(&sb2, &mut r);
-                        r
-                    });
+        let started = self.spawn_background(
+            format!("wasmbox-job-{}", job.id),
+            run,
+            job.stop.clone(),
+            ticket,
+            move |r| {
+                let r = r.map(|mut r| {
+                    quota_note(&sb2, &mut r);
+                    r
+                });
                 j.finish(r.map_err(|e| e.to_string()));
-            })
-            .map_err(|e| Error::Busy(format!("starting a job thread: {e}")))?;
+            },
+        );
+        if let Err(e) = started {
+            job.finish(Err(e.to_string()));
+            return Err(e);
+        }
         Ok(job)
     }
 
@@ -672,6 +774,7 @@ impl Wasmbox {
     /// `callback_url` when done. Returns the execution id at once.
     pub async fn execute_async(
         &self,
+        owner: &str,
         sb: Option<&Arc<Sandbox>>,
         req: ExecRequest,
         working_dir: Option<&str>,
@@ -694,13 +797,30 @@ impl Wasmbox {
                 )
             }
             None => {
+                let bytes = req.code.len();
                 let run = self.runner(req).await?;
+                let place = self.inner.jobs.take_queued(owner, bytes).await?;
                 let me2 = self.clone();
+                let id = format!("exec_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+                let name = format!("wasmbox-async-{id}");
                 (
-                    format!("exec_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]),
-                    Box::pin(
-                        async move { me2.on_guest_thread(run).await.map_err(|e| e.to_string()) },
-                    ),
+                    id,
+                    Box::pin(async move {
+                        let ticket = match place {
+                            sandbox::jobs::Queued::Now(t) => t,
+                            sandbox::jobs::Queued::Later(p) => p.wait().await,
+                        };
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        let stop = Arc::new(engine::limits::Stop::default());
+                        me2.spawn_background(name, run, stop, ticket, move |r| {
+                            let _ = tx.send(r);
+                        })
+                        .map_err(|e| e.to_string())?;
+                        match rx.await {
+                            Ok(r) => r.map_err(|e| e.to_string()),
+                            Err(_) => Err("the execution vanished".to_string()),
+                        }
+                    }),
                 )
             }
         };

@@ -2,6 +2,7 @@
 //! per-execution limits.
 
 pub mod cache;
+pub mod cpu;
 pub mod epoch;
 pub mod limits;
 pub mod pool;

@@ -91,9 +91,11 @@ pub fn lower_priority() {
     }
 }
 
-/// A fixed set of guest threads. A job goes to the thread that went idle last: its stack and
-/// the CPU it last ran on are the likeliest to be warm, and no other thread is woken (with one
-/// shared queue, each job went to the thread idle longest, and the taker woke the next waiter).
+/// Guest threads, started as needed up to a cap. A job goes to the thread that went idle last:
+/// its stack and the CPU it last ran on are the likeliest to be warm, and no other thread is
+/// woken (with one shared queue, each job went to the thread idle longest, and the taker woke
+/// the next waiter). There are more threads than CPU slots ([`super::cpu`]): a guest waiting in
+/// a sleep keeps its thread but not its slot.
 pub struct GuestThreads {
     hub: Arc<Hub>,
 }
@@ -107,6 +109,9 @@ struct HubState {
     idle: Vec<Arc<Slot>>,
     /// Jobs waiting for a thread (all threads busy).
     backlog: std::collections::VecDeque<Job>,
+    /// Threads started, and the most there may be.
+    started: usize,
+    max: usize,
     closed: bool,
 }
 
@@ -142,7 +147,7 @@ impl Hub {
         }
     }
 
-    fn submit(&self, job: Job) -> Result<()> {
+    fn submit(self: &Arc<Self>, job: Job) -> Result<()> {
         let slot = {
             let mut st = self.state.lock().unwrap();
             if st.closed {
@@ -150,6 +155,12 @@ impl Hub {
             }
             match st.idle.pop() {
                 Some(slot) => slot,
+                None if st.started < st.max => {
+                    st.started += 1;
+                    let i = st.started - 1;
+                    drop(st);
+                    return spawn(self.clone(), i, Some(job));
+                }
                 None => {
                     st.backlog.push_back(job);
                     return Ok(());
@@ -177,33 +188,47 @@ impl Drop for GuestThreads {
     }
 }
 
+/// Starts guest thread `i`, with a first job if there is one.
+fn spawn(hub: Arc<Hub>, i: usize, first: Option<Job>) -> Result<()> {
+    let counted = hub.clone();
+    std::thread::Builder::new()
+        .name(format!("wasmbox-guest-{i}"))
+        .stack_size(GUEST_THREAD_STACK)
+        .spawn(move || {
+            let slot = Arc::new(Slot::default());
+            let mut next = first;
+            while let Some(job) = next.take().or_else(|| hub.next(&slot)) {
+                // A host panic fails that one call (its result channel is dropped), never the
+                // thread.
+                AFTER_REPLY.set(Some(Vec::new()));
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
+                for f in AFTER_REPLY.take().unwrap_or_default() {
+                    let _ = std::panic::catch_unwind(AssertUnwindSafe(f));
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|e| {
+            counted.state.lock().unwrap().started -= 1;
+            Error::Busy(format!("starting a guest thread: {e}"))
+        })
+}
+
 impl GuestThreads {
-    pub fn new(threads: usize) -> Self {
+    /// `threads` started now, up to `max` as calls need them.
+    pub fn new(threads: usize, max: usize) -> Self {
+        let threads = threads.max(1);
         let hub = Arc::new(Hub {
             state: Mutex::new(HubState {
-                idle: Vec::with_capacity(threads.max(1)),
+                idle: Vec::with_capacity(threads),
                 backlog: std::collections::VecDeque::new(),
+                started: threads,
+                max: max.max(threads),
                 closed: false,
             }),
         });
-        for i in 0..threads.max(1) {
-            let hub = hub.clone();
-            std::thread::Builder::new()
-                .name(format!("wasmbox-guest-{i}"))
-                .stack_size(GUEST_THREAD_STACK)
-                .spawn(move || {
-                    let slot = Arc::new(Slot::default());
-                    while let Some(job) = hub.next(&slot) {
-                        // A host panic fails that one call (its result channel is dropped),
-                        // never the thread.
-                        AFTER_REPLY.set(Some(Vec::new()));
-                        let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
-                        for f in AFTER_REPLY.take().unwrap_or_default() {
-                            let _ = std::panic::catch_unwind(AssertUnwindSafe(f));
-                        }
-                    }
-                })
-                .expect("spawning a guest thread");
+        for i in 0..threads {
+            spawn(hub.clone(), i, None).expect("spawning a guest thread");
         }
         Self { hub }
     }
@@ -246,7 +271,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let threads = GuestThreads::new(1);
+        let threads = GuestThreads::new(1, 1);
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
@@ -281,7 +306,7 @@ mod tests {
             .worker_threads(2)
             .build()
             .unwrap();
-        let threads = Arc::new(GuestThreads::new(2));
+        let threads = Arc::new(GuestThreads::new(2, 2));
         let names = rt.block_on(async {
             let mut tasks = Vec::new();
             for i in 0..6u64 {

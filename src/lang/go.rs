@@ -263,7 +263,7 @@ impl GoRuntime {
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
-            return Ok(timeout_result(Stage::Run, start));
+            return Ok(timeout_result(Stage::Run, req, start));
         }
         let mut run_req = req.clone();
         run_req.timeout = remaining;
@@ -273,6 +273,8 @@ impl GoRuntime {
             read_only: Vec::new(),
         };
         let mut guest = Guest::new(&loaded.engine, &run_req, &spec)?;
+        // The deadline covers build and run: a timeout note names the caller's.
+        guest.report_timeout(req.timeout);
         let outcome = loaded
             .pre
             .instantiate(&mut guest.store)
@@ -319,7 +321,7 @@ impl GoRuntime {
                 Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => {
                     if Instant::now() >= deadline {
-                        return Ok(Built::Done(timeout_result(Stage::Compile, start)));
+                        return Ok(Built::Done(timeout_result(Stage::Compile, req, start)));
                     }
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -513,7 +515,7 @@ impl GoRuntime {
                 }
                 let _ = child.kill();
                 let _ = child.wait();
-                return Ok(Some(timeout_result(Stage::Compile, start)));
+                return Ok(Some(timeout_result(Stage::Compile, req, start)));
             }
             std::thread::sleep(Duration::from_millis(3));
         };
@@ -620,11 +622,12 @@ fn compile_result(
     }
 }
 
-fn timeout_result(stage: Stage, start: Instant) -> ExecResult {
+fn timeout_result(stage: Stage, req: &ExecRequest, start: Instant) -> ExecResult {
     ExecResult {
         stdout: String::new(),
         stderr: format!(
-            "wasmbox: execution stopped: the deadline (timeout) was reached while {}\n",
+            "wasmbox: execution stopped: the deadline ({}) was reached while {}\n",
+            super::guest::deadline_text(req.timeout),
             match stage {
                 Stage::Compile => "building the Go program (stage: compile)",
                 Stage::Run => "running the Go program (stage: run)",

@@ -9,6 +9,7 @@ use wasmtime::{Engine, Linker, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 
+use super::wasi::Watch;
 use super::{EXIT_TIMEOUT, ExecRequest, ExecResult, Language, Place};
 use crate::engine::deadline_ticks;
 use crate::engine::limits::{CappedOutput, Captured, LimitHit, MemoryLimiter, StopReason, Stopped};
@@ -24,16 +25,16 @@ const UNARMED_DEADLINE: std::time::Duration = std::time::Duration::from_secs(600
 
 /// What each guest's store holds.
 pub struct GuestState {
-    wasi: WasiP1Ctx,
+    pub(super) wasi: WasiP1Ctx,
     limiter: MemoryLimiter,
+    /// The current call's deadline, stop flag and quota, for the epoch callback and waits.
+    pub(super) watch: Watch,
+    pub(super) original_poll: Option<super::wasi::OriginalPoll>,
 }
 
-/// A linker with WASI preview 1, the only host interface guests get.
+/// A linker with WASI preview 1 (its waits interruptible), the only host interface guests get.
 pub fn wasi_linker(engine: &Engine) -> Result<Linker<GuestState>> {
-    let mut linker: Linker<GuestState> = Linker::new(engine);
-    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut GuestState| &mut s.wasi)
-        .map_err(engine_err)?;
-    Ok(linker)
+    super::wasi::linker(engine)
 }
 
 /// How a runtime wants its guest laid out.
@@ -52,8 +53,6 @@ pub const EXIT_KILLED: i32 = 137;
 
 /// How often (in epoch ticks) a sandboxed guest's callback looks at its stop flag.
 const WATCH_TICKS: u64 = 10;
-/// How often a running sandboxed guest's workspace is measured against its quota.
-const QUOTA_EVERY: Duration = Duration::from_millis(500);
 
 /// One guest about to run: its store, captured output and scratch directories (removed when it
 /// is dropped; a sandbox's own directories are not).
@@ -64,6 +63,8 @@ pub struct Guest {
     start: Instant,
     /// Between [`Guest::arm`] and [`Guest::result`]: keeps the epoch ticking for its deadline.
     running: Option<crate::engine::epoch::Running>,
+    /// Whether the epoch deadline goes through [`Watch::check`] (sandboxed guests).
+    callback: bool,
     /// Declared after `store`, so the guest's descriptors are closed before it is looked at.
     _scratch: Option<Scratch>,
 }
@@ -123,8 +124,10 @@ impl Guest {
         for (k, v) in env {
             wasi.env(k, v);
         }
+        let (clock, watch) = super::wasi::clock(UNARMED_DEADLINE);
         wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
+            .monotonic_clock(clock)
             .allow_blocking_current_thread(true);
         for (host, guest) in &spec.read_only {
             wasi.preopened_dir(host, guest, FsPerms::ReadOnly)
@@ -138,6 +141,8 @@ impl Guest {
             GuestState {
                 wasi: wasi.build_p1(),
                 limiter: MemoryLimiter::new(usize::MAX),
+                watch,
+                original_poll: None,
             },
         );
         store.limiter(|s| &mut s.limiter);
@@ -149,6 +154,7 @@ impl Guest {
             stderr,
             start,
             running: None,
+            callback: false,
             _scratch: scratch,
         })
     }
@@ -161,44 +167,60 @@ impl Guest {
         self.stdout.set_cap(req.output_bytes);
         self.stderr.set_cap(req.output_bytes);
         self.store.data_mut().limiter.set_limit(req.memory_bytes);
-        match &req.place {
-            None => self.store.set_epoch_deadline(deadline_ticks(req.timeout)),
-            Some(place) => self.watch(req.timeout, place),
+        let (stop, over_quota) = match &req.place {
+            Some(p) => (Some(p.stop.clone()), p.over_quota.clone()),
+            None => (None, None),
+        };
+        let sandboxed = req.place.is_some();
+        self.store
+            .data_mut()
+            .watch
+            .arm(req.timeout, stop, over_quota);
+        if sandboxed {
+            self.watch_by_callback();
         }
+        self.set_epoch(req.timeout, sandboxed);
         self.start = Instant::now();
         self.running.get_or_insert_with(Default::default);
     }
 
+    /// The deadline a timeout note names (Go's covers the build as well as the run).
+    pub fn report_timeout(&mut self, timeout: Duration) {
+        self.store.data_mut().watch.report_timeout(timeout);
+    }
+
+    /// A new deadline, `timeout` from now, for the next call on a live guest (a session).
+    pub fn set_deadline(&mut self, timeout: Duration) {
+        self.store.data_mut().watch.set_timeout(timeout);
+        let sandboxed = self.callback;
+        self.set_epoch(timeout, sandboxed);
+    }
+
+    fn set_epoch(&mut self, timeout: Duration, sandboxed: bool) {
+        let ticks = deadline_ticks(timeout);
+        self.store.set_epoch_deadline(if sandboxed {
+            ticks.min(WATCH_TICKS)
+        } else {
+            ticks
+        });
+    }
+
     /// A sandboxed guest's deadline goes through a callback that also ends it when its stop
-    /// flag is raised (kill, sandbox deleted) or its workspace goes over quota.
-    fn watch(&mut self, timeout: Duration, place: &Place) {
-        let deadline = Instant::now() + timeout;
-        let stop = place.stop.clone();
-        let over_quota = place.over_quota.clone();
-        let mut last_check = Instant::now();
-        self.store.epoch_deadline_callback(move |_| {
-            if let Some(why) = stop.reason() {
-                return Err(Stopped(why).into());
-            }
+    /// flag is raised (kill, sandbox deleted) or its workspace goes over quota: the engine's
+    /// epoch is shared, so per-guest stops must go through the store.
+    fn watch_by_callback(&mut self) {
+        if self.callback {
+            return;
+        }
+        self.callback = true;
+        self.store.epoch_deadline_callback(|mut cx| {
+            let watch = &mut cx.data_mut().watch;
             let now = Instant::now();
-            if now >= deadline {
-                return Err(Trap::Interrupt.into());
-            }
-            if let Some(over) = &over_quota
-                && now.duration_since(last_check) >= QUOTA_EVERY
-            {
-                last_check = now;
-                if over() {
-                    // Not raised on the shared flag: freeing space lets the next run go on.
-                    return Err(Stopped(StopReason::DiskQuota).into());
-                }
-            }
+            watch.check(now)?;
             Ok(UpdateDeadline::Continue(
-                deadline_ticks(deadline - now).min(WATCH_TICKS),
+                deadline_ticks(watch.deadline() - now).min(WATCH_TICKS),
             ))
         });
-        self.store
-            .set_epoch_deadline(deadline_ticks(timeout).min(WATCH_TICKS));
     }
 
     /// The store and instance, for a snapshot; the scratch directories go away.
@@ -231,8 +253,10 @@ impl Guest {
     /// written since the last call and restarts the clock and the memory flag for the next one.
     pub fn result(&mut self, outcome: wasmtime::Result<i32>, language: Language) -> ExecResult {
         let memory_hit = std::mem::take(&mut self.store.data_mut().limiter.hit);
+        let timeout = self.store.data().watch.timeout();
         let r = finish(
             outcome,
+            timeout,
             self.stdout.take(),
             self.stderr.take(),
             memory_hit,
@@ -253,6 +277,7 @@ impl Guest {
 
 fn finish(
     outcome: wasmtime::Result<i32>,
+    timeout: Duration,
     stdout: Captured,
     stderr: Captured,
     memory_hit: bool,
@@ -289,7 +314,10 @@ fn finish(
                 }
             } else if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
                 limit = Some(LimitHit::Timeout);
-                notes.push("wasmbox: execution stopped: the deadline (timeout) was reached".into());
+                notes.push(format!(
+                    "wasmbox: execution stopped: the deadline ({}) was reached",
+                    deadline_text(timeout)
+                ));
                 EXIT_TIMEOUT
             } else if stdout.killed || stderr.killed {
                 limit = Some(LimitHit::Output);
@@ -342,6 +370,16 @@ fn finish(
         rich: Vec::new(),
         notes: Vec::new(),
         cloud_sandbox_id: None,
+    }
+}
+
+/// A deadline as a note says it: `timeout 2 s`, `timeout 0.5 s`.
+pub fn deadline_text(timeout: Duration) -> String {
+    let s = timeout.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("timeout {s:.0} s")
+    } else {
+        format!("timeout {s} s")
     }
 }
 

@@ -21,7 +21,7 @@ use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Pool, PoolStats};
 use crate::engine::prefault::PageSet;
 use crate::engine::threads::on_guest_stack;
-use crate::engine::{self, deadline_ticks, snapshot};
+use crate::engine::{self, snapshot};
 use crate::error::{Error, Result};
 
 /// `wb_eval` flag: print the completion value (REPL style), for sessions.
@@ -235,7 +235,7 @@ impl JsSession {
             );
         }
         self.guest.restart_clock();
-        self.guest.store.set_epoch_deadline(deadline_ticks(timeout));
+        self.guest.set_deadline(timeout);
         let flags = if looks_like_module(code) {
             FLAG_MODULE
         } else {

@@ -4,6 +4,7 @@ pub mod go;
 pub mod guest;
 pub mod javascript;
 pub mod python;
+pub mod wasi;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1144,13 +1144,22 @@ impl WasmboxServer {
             },
             None => None,
         };
-        let req = match self.request(&a.language, a.code, a.timeout, a.env, false, 3600.0) {
+        // A sandbox's async execution is a background job; without one it is a one-shot, under
+        // the one-shot cap.
+        let max = if sb.is_some() { 3600.0 } else { 300.0 };
+        let req = match self.request(&a.language, a.code, a.timeout, a.env, false, max) {
             Ok(r) => r,
             Err(e) => return exec_error("async", &e, Some(&a.language)),
         };
         match self
             .wasmbox
-            .execute_async(sb.as_ref(), req, a.working_dir.as_deref(), &a.callback_url)
+            .execute_async(
+                &self.owner,
+                sb.as_ref(),
+                req,
+                a.working_dir.as_deref(),
+                &a.callback_url,
+            )
             .await
         {
             Ok(id) => ok_result(json!({
@@ -1628,6 +1637,9 @@ impl WasmboxServer {
             "slots": self.wasmbox.slot_stats(),
             "memory": {"rss_bytes": rss_bytes()},
             "max_concurrency": self.wasmbox.config().max_concurrency,
+            "cpu_slots": self.wasmbox.cpu_stats(),
+            // The caller's own jobs: one token must not learn about another's.
+            "jobs": self.wasmbox.job_stats(&self.owner),
             "sandboxes": {
                 "live": sandboxes.count(&self.owner),
                 "max": sandboxes.config.max_live.min(sandboxes.config.max_per_owner),

@@ -121,3 +121,150 @@ impl Job {
         v
     }
 }
+
+/// Background work running now (jobs and async executions), in all and per owner, and the
+/// sandbox-less async executions queued for a place in it.
+pub struct JobBudget {
+    max: usize,
+    per_owner: usize,
+    queue: usize,
+    queue_bytes: usize,
+    state: Mutex<BudgetState>,
+    freed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct BudgetState {
+    running: usize,
+    by_owner: std::collections::HashMap<String, usize>,
+    queued: usize,
+    queued_bytes: usize,
+}
+
+/// One running job's place in the budget, given back when dropped.
+pub struct JobTicket {
+    budget: Arc<JobBudget>,
+    owner: String,
+}
+
+impl JobBudget {
+    pub fn new(max: usize, per_owner: usize, queue: usize, queue_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max: max.max(1),
+            per_owner: per_owner.max(1),
+            queue,
+            queue_bytes,
+            state: Mutex::new(BudgetState::default()),
+            freed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Running jobs, in all and `owner`'s.
+    pub fn running(&self, owner: &str) -> (usize, usize) {
+        let st = self.state.lock().unwrap();
+        (st.running, st.by_owner.get(owner).copied().unwrap_or(0))
+    }
+
+    /// A place for one more job of `owner`, or why there is none.
+    pub fn try_take(self: &Arc<Self>, owner: &str) -> crate::Result<JobTicket> {
+        let mut st = self.state.lock().unwrap();
+        let mine = st.by_owner.get(owner).copied().unwrap_or(0);
+        if mine >= self.per_owner {
+            return Err(crate::Error::Busy(format!(
+                "this client already runs {mine} background jobs and async executions, its limit \
+                 (WASMBOX_MAX_JOBS_PER_TOKEN); wait for one to end or stop one with \
+                 execute_kill_process"
+            )));
+        }
+        if st.running >= self.max {
+            return Err(crate::Error::Busy(format!(
+                "{} background jobs and async executions are running, the server's limit \
+                 (WASMBOX_MAX_JOBS); wait for one to end or stop one with execute_kill_process",
+                st.running
+            )));
+        }
+        st.running += 1;
+        *st.by_owner.entry(owner.to_string()).or_default() += 1;
+        Ok(JobTicket {
+            budget: self.clone(),
+            owner: owner.to_string(),
+        })
+    }
+
+    /// A place for a sandbox-less async execution: now, or after waiting in the queue; refused
+    /// when the queue is full (by count, or by the queued code's bytes).
+    pub async fn take_queued(self: &Arc<Self>, owner: &str, bytes: usize) -> crate::Result<Queued> {
+        if let Ok(t) = self.try_take(owner) {
+            return Ok(Queued::Now(t));
+        }
+        let mut st = self.state.lock().unwrap();
+        if st.queued >= self.queue || st.queued_bytes.saturating_add(bytes) > self.queue_bytes {
+            return Err(crate::Error::Busy(format!(
+                "the async queue is full ({} executions, {} bytes of code waiting; limits \
+                 WASMBOX_ASYNC_QUEUE={} and WASMBOX_ASYNC_QUEUE_MB={}); try again later",
+                st.queued,
+                st.queued_bytes,
+                self.queue,
+                self.queue_bytes >> 20
+            )));
+        }
+        st.queued += 1;
+        st.queued_bytes += bytes;
+        Ok(Queued::Later(QueuePlace {
+            budget: self.clone(),
+            owner: owner.to_string(),
+            bytes,
+        }))
+    }
+}
+
+/// Where a sandbox-less async execution stands.
+pub enum Queued {
+    Now(JobTicket),
+    Later(QueuePlace),
+}
+
+/// A place in the async queue, given up when dropped.
+pub struct QueuePlace {
+    budget: Arc<JobBudget>,
+    owner: String,
+    bytes: usize,
+}
+
+impl QueuePlace {
+    /// Waits until a job may start.
+    pub async fn wait(self) -> JobTicket {
+        loop {
+            let freed = self.budget.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Ok(t) = self.budget.try_take(&self.owner) {
+                return t;
+            }
+            freed.await;
+        }
+    }
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        let mut st = self.budget.state.lock().unwrap();
+        st.queued -= 1;
+        st.queued_bytes -= self.bytes;
+    }
+}
+
+impl Drop for JobTicket {
+    fn drop(&mut self) {
+        let mut st = self.budget.state.lock().unwrap();
+        st.running -= 1;
+        if let Some(n) = st.by_owner.get_mut(&self.owner) {
+            *n -= 1;
+            if *n == 0 {
+                st.by_owner.remove(&self.owner);
+            }
+        }
+        drop(st);
+        self.budget.freed.notify_waiters();
+    }
+}
