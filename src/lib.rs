@@ -545,9 +545,7 @@ impl Wasmbox {
     ) -> Result<ExecResult> {
         self.place_in(sb, &mut req, working_dir, sb.stop.clone())?;
         let run = self.runner(req).await?;
-        let mut r = self.on_guest_thread(run).await?;
-        quota_note(sb, &mut r);
-        Ok(r)
+        self.on_guest_thread(with_quota_note(sb, run)).await
     }
 
     /// The blocking run of `req` as a one-shot (in its `place` if it has one), with its
@@ -727,9 +725,7 @@ impl Wasmbox {
             }
             _ => self.runner(req).await?,
         };
-        let mut r = self.on_guest_thread(run).await?;
-        quota_note(sb, &mut r);
-        Ok(r)
+        self.on_guest_thread(with_quota_note(sb, run)).await
     }
 
     /// Starts `req` as a background job of `sb`, in a fresh instance that shares the sandbox's
@@ -912,6 +908,18 @@ fn in_session<S>(
     notes.append(&mut r.notes);
     r.notes = notes;
     Ok(r)
+}
+
+/// `run`, then [`quota_note`] on the same thread: measuring the workspace is a directory walk,
+/// which must not run on the async runtime's workers.
+fn with_quota_note(sb: &Arc<Sandbox>, run: Run) -> Run {
+    let sb = sb.clone();
+    Box::new(move || {
+        run().map(|mut r| {
+            quota_note(&sb, &mut r);
+            r
+        })
+    })
 }
 
 /// Marks a result whose run left the workspace over its quota.
