@@ -91,6 +91,9 @@ async fn giant_inputs_and_too_many_of_anything_are_clear_errors() {
     let c = server_with_env(&[
         ("WASMBOX_MAX_SANDBOXES", "3"),
         ("WASMBOX_SANDBOX_JOBS", "2"),
+        // The per-sandbox cap is what this checks: the server-wide caps are well above it.
+        ("WASMBOX_MAX_JOBS", "8"),
+        ("WASMBOX_MAX_JOBS_PER_TOKEN", "8"),
     ])
     .await;
     // A code input over 10 MiB is refused before anything runs.
