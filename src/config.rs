@@ -54,6 +54,8 @@ pub struct Config {
     pub sandbox: SandboxConfig,
     /// Async executions' webhooks.
     pub webhook: WebhookConfig,
+    /// MCP sessions one `serve --http` token may hold open; each costs a session task and buffers.
+    pub sessions_per_token: usize,
 }
 
 /// Where async results may be POSTed, and the key that signs them.
@@ -78,8 +80,8 @@ impl Config {
     /// `WASMBOX_POOL_MEMORY_MB`, `WASMBOX_POOL_REFILL_THREADS`, `WASMBOX_POOLED_INSTANCES` (0 turns the
     /// pooling allocator off), `WASMBOX_SANDBOX_TIMEOUT` (seconds), `WASMBOX_MAX_SANDBOXES`,
     /// `WASMBOX_SANDBOX_DISK_MB`, `WASMBOX_SANDBOX_FILES`, `WASMBOX_SANDBOX_JOBS`,
-    /// `WASMBOX_MAX_SANDBOXES_PER_TOKEN`, `WASMBOX_DATA` (sandboxes' files; `none`: a temporary
-    /// directory, gone with the process),
+    /// `WASMBOX_MAX_SANDBOXES_PER_TOKEN`, `WASMBOX_SESSIONS_PER_TOKEN`, `WASMBOX_DATA`
+    /// (sandboxes' files; `none`: a temporary directory, gone with the process),
     /// `WASMBOX_WEBHOOK_ALLOW_ANY` and `WASMBOX_WEBHOOK_SECRET`.
     pub fn from_env() -> Self {
         let env_num = |name: &str| {
@@ -155,6 +157,7 @@ impl Config {
                     _ => Some(default_data_dir()),
                 },
             },
+            sessions_per_token: env_num("WASMBOX_SESSIONS_PER_TOKEN").unwrap_or(16).max(1),
             webhook: WebhookConfig {
                 allow_any_host: std::env::var("WASMBOX_WEBHOOK_ALLOW_ANY").is_ok_and(|v| v == "1"),
                 secret: std::env::var("WASMBOX_WEBHOOK_SECRET")

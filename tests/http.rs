@@ -274,3 +274,247 @@ async fn a_non_loopback_address_needs_allow_remote() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("16 characters"));
 }
+
+/// MCP over raw HTTP, for what a client library would not do: present another token's session,
+/// or open sessions and leave them open.
+struct Raw<'a> {
+    http: reqwest::Client,
+    url: &'a str,
+}
+
+impl<'a> Raw<'a> {
+    fn new(server: &'a HttpServer) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            url: &server.url,
+        }
+    }
+
+    fn request(
+        &self,
+        method: reqwest::Method,
+        token: &str,
+        session: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        let mut r = self
+            .http
+            .request(method, self.url)
+            .header("Authorization", format!("Bearer {token}"))
+            .header("Accept", "application/json, text/event-stream");
+        if let Some(s) = session {
+            r = r
+                .header("Mcp-Session-Id", s)
+                .header("MCP-Protocol-Version", "2025-06-18");
+        }
+        r
+    }
+
+    /// An `initialize` without a session id, i.e. a request for a new session.
+    async fn initialize(&self, token: &str) -> reqwest::Response {
+        self.request(reqwest::Method::POST, token, None)
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"}}}),
+            )
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// A session opened by `token` (the handshake, both halves); its id.
+    async fn open(&self, token: &str) -> String {
+        let resp = self.initialize(token).await;
+        assert_eq!(resp.status(), 200, "initialize");
+        let id = resp.headers()["mcp-session-id"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        body(resp).await;
+        let resp = self
+            .request(reqwest::Method::POST, token, Some(&id))
+            .json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 202, "initialized notification");
+        id
+    }
+
+    /// A JSON-RPC request in a session: the status and the body.
+    async fn rpc(
+        &self,
+        token: &str,
+        session: &str,
+        method: &str,
+        params: serde_json::Value,
+    ) -> (u16, String) {
+        let resp = self
+            .request(reqwest::Method::POST, token, Some(session))
+            .json(&json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": params}))
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), body(resp).await)
+    }
+}
+
+/// A response's body; an SSE stream ends once its request is answered.
+async fn body(resp: reqwest::Response) -> String {
+    tokio::time::timeout(Duration::from_secs(30), resp.text())
+        .await
+        .expect("the response ends")
+        .unwrap()
+}
+
+/// The start of a body, for assertion messages (a tool list is long).
+fn head(text: &str) -> String {
+    text.chars().take(300).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_is_bound_to_the_token_that_opened_it() {
+    let server = two_token_server(&[]).await;
+    let raw = Raw::new(&server);
+    let sid = raw.open(A).await;
+    let (status, tools) = raw.rpc(A, &sid, "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{}", head(&tools));
+    assert!(tools.contains("execute_code"), "{tools}");
+
+    // Bob, with his own valid token, presents Alice's session: as if it did not exist, whatever
+    // he does with it (a request, the standalone stream, closing it).
+    for (method, params) in [
+        ("tools/list", json!({})),
+        (
+            "tools/call",
+            json!({"name": "list_sandboxes", "arguments": {}}),
+        ),
+    ] {
+        let (status, text) = raw.rpc(B, &sid, method, params).await;
+        assert_eq!(
+            status,
+            404,
+            "{method} in another token's session: {}",
+            head(&text)
+        );
+    }
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let resp = raw
+            .request(method.clone(), B, Some(&sid))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 404, "{method} of another token's session");
+    }
+
+    // Alice's session is untouched, and hers to close.
+    let (status, tools) = raw.rpc(A, &sid, "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{}", head(&tools));
+    let resp = raw
+        .request(reqwest::Method::DELETE, A, Some(&sid))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let (status, _) = raw.rpc(A, &sid, "tools/list", json!({})).await;
+    assert_eq!(status, 404, "a closed session");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_per_token_are_capped_and_closing_one_frees_its_slot() {
+    let server = two_token_server(&[("WASMBOX_SESSIONS_PER_TOKEN", "2")]).await;
+    let raw = Raw::new(&server);
+    let first = raw.open(A).await;
+    let second = raw.open(A).await;
+
+    let refused = raw.initialize(A).await;
+    let status = refused.status();
+    let text = body(refused).await;
+    assert_eq!(status, 429, "a third session: {}", head(&text));
+    assert!(
+        text.contains("2 open MCP sessions") && text.contains("WASMBOX_SESSIONS_PER_TOKEN"),
+        "{text}"
+    );
+    assert!(
+        server.client(A).await.is_err(),
+        "a client library is refused too"
+    );
+
+    // Bob's allowance is his own; Alice's sessions still work.
+    raw.open(B).await;
+    for sid in [&first, &second] {
+        let (status, text) = raw.rpc(A, sid, "tools/list", json!({})).await;
+        assert_eq!(status, 200, "{}", head(&text));
+    }
+
+    // Closing a session frees its slot, once.
+    let resp = raw
+        .request(reqwest::Method::DELETE, A, Some(&first))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let c = server.client(A).await.expect("a slot is free again");
+    ok(&c, "health", json!({})).await;
+    assert_eq!(raw.initialize(A).await.status(), 429);
+}
+
+/// A request that came over HTTP but carries no owner (the auth layer skipped, say) is refused,
+/// never served as the stdio owner, whose sandboxes it would otherwise see.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http_request_without_an_owner_is_refused() {
+    use rmcp::ServerHandler;
+    use rmcp::model::{CallToolRequestParams, NumberOrString};
+    use rmcp::service::RequestContext;
+
+    let mut config = wasmbox::Config::from_env();
+    config.sandbox.data_dir = None;
+    let server = wasmbox::mcp::WasmboxServer::new(wasmbox::Wasmbox::new(config).unwrap());
+    // A peer for the request context; nothing goes through it.
+    let (io, _other_end) = tokio::io::duplex(1024);
+    let running = rmcp::service::serve_directly(server.clone(), io, None);
+    let context = |parts: Option<http::request::Parts>| {
+        let mut c = RequestContext::new(NumberOrString::Number(1), running.peer().clone());
+        if let Some(p) = parts {
+            c.extensions.insert(p);
+        }
+        c
+    };
+    let parts = |owner: Option<wasmbox::mcp::tools::Owner>| {
+        let (mut p, ()) = http::Request::new(()).into_parts();
+        if let Some(o) = owner {
+            p.extensions.insert(o);
+        }
+        p
+    };
+    let list = || CallToolRequestParams::new("list_sandboxes").with_arguments(Default::default());
+    let outcome = |r: Result<rmcp::model::CallToolResponse, rmcp::ErrorData>| {
+        let rmcp::model::CallToolResponse::Complete(r) = r.expect("a tool result") else {
+            panic!("a plain tool result")
+        };
+        (
+            r.is_error == Some(true),
+            serde_json::to_string(&r.content).unwrap(),
+        )
+    };
+
+    // stdio (no HTTP parts): the local owner.
+    let (failed, text) = outcome(server.call_tool(list(), context(None)).await);
+    assert!(!failed, "{text}");
+    // HTTP with an owner: that owner.
+    let owner = wasmbox::mcp::tools::Owner {
+        id: "token-test".into(),
+        calls: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
+        max_calls: 1,
+    };
+    let (failed, text) = outcome(
+        server
+            .call_tool(list(), context(Some(parts(Some(owner)))))
+            .await,
+    );
+    assert!(!failed, "{text}");
+    // HTTP without one: refused.
+    let (failed, text) = outcome(server.call_tool(list(), context(Some(parts(None)))).await);
+    assert!(failed, "served without an owner: {text}");
+    assert!(text.contains("no authenticated owner"), "{text}");
+}

@@ -2,9 +2,12 @@
 //! `serve --http` is MCP's streamable HTTP transport behind bearer tokens, each token owning
 //! its own sandboxes.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use rmcp::ServiceExt;
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use sha2::{Digest, Sha256};
@@ -128,22 +131,30 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
         anyhow::bail!("every HTTP token must be at least 16 characters long");
     }
     warm_up(&wasmbox);
-    let tokens: Arc<Vec<TokenEntry>> = Arc::new(
-        opts.tokens
-            .iter()
-            .map(|t| {
-                let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
-                TokenEntry {
-                    digest,
-                    owner: Owner {
-                        id: owner_id(&digest).into(),
-                        calls: Arc::new(tokio::sync::Semaphore::new(opts.calls_per_token)),
-                        max_calls: opts.calls_per_token,
-                    },
-                }
-            })
-            .collect(),
-    );
+    let tokens: Vec<TokenEntry> = opts
+        .tokens
+        .iter()
+        .map(|t| {
+            let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
+            TokenEntry {
+                digest,
+                owner: Owner {
+                    id: owner_id(&digest).into(),
+                    calls: Arc::new(tokio::sync::Semaphore::new(opts.calls_per_token)),
+                    max_calls: opts.calls_per_token,
+                },
+            }
+        })
+        .collect();
+    let sessions = Arc::new(LocalSessionManager::default());
+    let gate = Arc::new(Gate {
+        tokens,
+        sessions: SessionBook {
+            manager: sessions.clone(),
+            per_token: wasmbox.config().sessions_per_token,
+            owner_of: Mutex::default(),
+        },
+    });
     let ct = tokio_util::sync::CancellationToken::new();
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(ct.child_token())
@@ -158,12 +169,12 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
             let server = WasmboxServer::new(wasmbox);
             move || Ok(server.clone())
         },
-        Arc::new(LocalSessionManager::default()),
+        sessions,
         config,
     );
     let app = axum::Router::new()
         .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(tokens, authenticate));
+        .layer(axum::middleware::from_fn_with_state(gate, authenticate));
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .with_context(|| format!("listening on {}", opts.addr))?;
@@ -195,9 +206,16 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
 /// Largest HTTP request body: a 4 MiB code input or a file upload, base64-encoded, with room.
 const MAX_HTTP_BODY: usize = 16 << 20;
 
-/// Lets a request through only with a known bearer token, tagging it with the token's owner.
+/// What the auth layer checks a request against.
+struct Gate {
+    tokens: Vec<TokenEntry>,
+    sessions: SessionBook,
+}
+
+/// Lets a request through only with a known bearer token, tagging it with the token's owner,
+/// and only into MCP sessions that token opened (see [`SessionBook`]).
 async fn authenticate(
-    axum::extract::State(tokens): axum::extract::State<Arc<Vec<TokenEntry>>>,
+    axum::extract::State(gate): axum::extract::State<Arc<Gate>>,
     mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -212,11 +230,11 @@ async fn authenticate(
         })
         .map(|t| <[u8; 32]>::from(Sha256::digest(t.trim().as_bytes())));
     // Digests are compared, so timing says nothing about a token's bytes.
-    let owner = presented.and_then(|d| tokens.iter().find(|t| t.digest == d));
+    let owner = presented.and_then(|d| gate.tokens.iter().find(|t| t.digest == d));
     match owner {
         Some(t) => {
             req.extensions_mut().insert(t.owner.clone());
-            next.run(req).await
+            gate.sessions.admit(&t.owner.id, req, next).await
         }
         None => {
             let why = if presented.is_some() {
@@ -232,6 +250,120 @@ async fn authenticate(
                 .into_response()
         }
     }
+}
+
+/// Which token opened each MCP session. rmcp serves any request carrying a live
+/// `Mcp-Session-Id`, whoever sends it; the book binds a session to the token that opened it (a
+/// session id seen by another token is "not found" to it) and caps the sessions a token holds,
+/// since each keeps a task and buffers until it is closed or idle past rmcp's keep-alive.
+struct SessionBook {
+    manager: Arc<LocalSessionManager>,
+    per_token: usize,
+    /// Session id → the owner that opened it.
+    owner_of: Mutex<HashMap<String, Arc<str>>>,
+}
+
+impl SessionBook {
+    /// Runs `req` for `owner` if any session it names is the owner's, and books the session an
+    /// `initialize` opens (closing and refusing it past the owner's cap).
+    async fn admit(
+        &self,
+        owner: &Arc<str>,
+        req: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        if let Some(id) = req.headers().get(HEADER_SESSION_ID) {
+            // A header that is not text names no booked session: refused, not passed on (rmcp
+            // would read it as no session at all).
+            let id = id.to_str().unwrap_or_default().to_owned();
+            let opener = self.owner_of.lock().unwrap().get(&id).cloned();
+            match opener {
+                Some(o) if o == *owner => {}
+                Some(_) => {
+                    tracing::warn!(%owner, "refused a request in another token's MCP session");
+                    return session_not_found();
+                }
+                None => return session_not_found(),
+            }
+            let closing = req.method() == http::Method::DELETE;
+            let resp = next.run(req).await;
+            if closing || resp.status() == http::StatusCode::NOT_FOUND {
+                self.forget_if_gone(&id).await;
+            }
+            return resp;
+        }
+        // Booked once rmcp has opened it: telling an `initialize` apart beforehand would mean
+        // reading the body, and booking under the lock cannot overshoot the cap.
+        let resp = next.run(req).await;
+        let Some(id) = resp
+            .headers()
+            .get(HEADER_SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return resp;
+        };
+        if self.book(owner, id).await {
+            return resp;
+        }
+        let _ = self.manager.close_session(&id.into()).await;
+        tracing::warn!(%owner, cap = self.per_token, "refused an MCP session past the cap");
+        self.too_many()
+    }
+
+    /// Books session `id` for `owner` unless that passes its cap, counting only sessions rmcp
+    /// still has (it ends idle ones on its own, unseen here).
+    async fn book(&self, owner: &Arc<str>, id: &str) -> bool {
+        if self.try_book(owner, id) {
+            return true;
+        }
+        let held: Vec<String> = {
+            let book = self.owner_of.lock().unwrap();
+            book.iter()
+                .filter(|(_, o)| *o == owner)
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
+        for id in held {
+            self.forget_if_gone(&id).await;
+        }
+        self.try_book(owner, id)
+    }
+
+    fn try_book(&self, owner: &Arc<str>, id: &str) -> bool {
+        let mut book = self.owner_of.lock().unwrap();
+        if book.values().filter(|o| *o == owner).count() >= self.per_token {
+            return false;
+        }
+        book.insert(id.to_owned(), owner.clone());
+        true
+    }
+
+    /// Drops a booked session that rmcp no longer has (closed, or ended on its own).
+    async fn forget_if_gone(&self, id: &str) {
+        if let Ok(false) = self.manager.has_session(&id.into()).await {
+            self.owner_of.lock().unwrap().remove(id);
+        }
+    }
+
+    fn too_many(&self) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let idle = self
+            .manager
+            .session_config
+            .keep_alive
+            .map_or(String::new(), |d| format!(" ({} s)", d.as_secs()));
+        let why = format!(
+            "this token already holds {} open MCP sessions (its limit; WASMBOX_SESSIONS_PER_TOKEN raises it): close one (HTTP DELETE with its Mcp-Session-Id) or wait for an idle one to expire{idle}",
+            self.per_token
+        );
+        (http::StatusCode::TOO_MANY_REQUESTS, why).into_response()
+    }
+}
+
+/// rmcp's answer for an unknown session, so another token's session looks like none at all.
+fn session_not_found() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (http::StatusCode::NOT_FOUND, "Not Found: Session not found").into_response()
 }
 
 /// SIGINT or SIGTERM.
@@ -286,4 +418,32 @@ pub fn http_tokens(
         .and_then(|mut f| f.write_all(token.as_bytes()))
         .with_context(|| format!("saving the token to {}", path.display()))?;
     Ok((vec![token], Some(path)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sessions rmcp ends on its own (idle past its keep-alive) are never seen over HTTP: only
+    /// the cap's check against rmcp's own sessions frees their places.
+    #[tokio::test]
+    async fn the_cap_counts_only_sessions_rmcp_still_has() {
+        let sessions = SessionBook {
+            manager: Arc::new(LocalSessionManager::default()),
+            per_token: 1,
+            owner_of: Mutex::default(),
+        };
+        let owner: Arc<str> = "token-a".into();
+        let (live, _transport) = sessions.manager.create_session().await.unwrap();
+        assert!(sessions.book(&owner, &live).await);
+        assert!(!sessions.book(&owner, "another").await, "at the cap");
+        assert!(
+            sessions.book(&"token-b".into(), "b's").await,
+            "caps are per token"
+        );
+
+        sessions.manager.close_session(&live).await.unwrap();
+        assert!(sessions.book(&owner, "another").await, "a place freed");
+        assert!(!sessions.owner_of.lock().unwrap().contains_key(&*live));
+    }
 }

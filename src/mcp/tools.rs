@@ -1964,12 +1964,20 @@ impl ServerHandler for WasmboxServer {
         let args = request.arguments.unwrap_or_default();
         tracing::debug!(tool = %request.name, "tool call");
         // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it sees.
-        let owner = context
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|p| p.extensions.get::<Owner>());
+        // Only a call with no HTTP request at all is stdio's (the local owner): an HTTP call that
+        // reached here unnamed is refused, never served with the local owner's sandboxes.
+        let owner = match context.extensions.get::<http::request::Parts>() {
+            None => return Ok(self.dispatch(&request.name, args).await.into()),
+            Some(parts) => parts.extensions.get::<Owner>(),
+        };
         let Some(owner) = owner else {
-            return Ok(self.dispatch(&request.name, args).await.into());
+            tracing::error!(tool = %request.name, "HTTP tool call without an owner refused");
+            return Ok(error_result(json!({
+                "error": "Unauthenticated request",
+                "exception": "this HTTP request reached the tools with no authenticated owner (a bearer token); refused rather than served as the local owner",
+                "error_type": "AuthenticationError",
+            }))
+            .into());
         };
         let Ok(_permit) = owner.calls.clone().try_acquire_owned() else {
             return Ok(error_result(json!({
