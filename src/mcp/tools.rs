@@ -589,6 +589,27 @@ impl WasmboxServer {
         if let Some(csb) = target {
             return self.cloud_dispatch(name, args, csb).await;
         }
+        if name.starts_with("execute_code") || name.starts_with("run_command") {
+            // Their guests run on guest threads; what they do here is validation and waiting.
+            return self.local(name, args).await;
+        }
+        // Every other tool works on the disk (workspaces, meta files, the module cache, walks
+        // of any size): off the runtime's workers, so a slow disk delays only its own call.
+        let this = self.clone();
+        let name = name.to_string();
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || handle.block_on(this.local(&name, args)))
+            .await
+            .unwrap_or_else(|_| {
+                error_result(json!({
+                    "error": "Internal error",
+                    "exception": "the tool failed inside wasmbox (a host panic); other calls are unaffected",
+                }))
+            })
+    }
+
+    /// A call on a local sandbox, or on none.
+    async fn local(&self, name: &str, args: JsonObject) -> CallToolResult {
         let n = name;
         match name {
             "execute_code" => with_args!(n, args, ExecuteCodeArgs, |a| self.execute_code(a).await),
