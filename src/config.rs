@@ -25,8 +25,15 @@ pub struct Config {
     pub max_timeout: Duration,
     pub max_memory_bytes: usize,
     pub max_output_bytes: usize,
-    /// Largest accepted code input.
+    /// Largest accepted code input (also a script `run_command` reads from the workspace).
     pub max_code_bytes: usize,
+    /// Per-call budget for text a tool answers with (`file_read`, `file_list`, process lists): a
+    /// guest's file or output must not flood the assistant's context (~4 bytes a token).
+    pub result_bytes: usize,
+    /// Most bytes of a file one `file_download` returns. Its base64 goes out twice (text and
+    /// `structuredContent`) on one JSON-RPC line, and rmcp's stdio transport drops lines over
+    /// 16 MiB (the call then never answers): 4 MiB makes an 11 MB line.
+    pub download_bytes: usize,
     /// Guests that may execute wasm at once (CPU slots); a guest waiting in a sleep holds none.
     pub max_concurrency: usize,
     /// CPU slots background work (jobs, async executions) may never take, so that a plain
@@ -72,11 +79,12 @@ pub const MIB: usize = 1 << 20;
 impl Config {
     /// Defaults, overridden by `WASMBOX_RUNTIMES`, `WASMBOX_CACHE`,
     /// `WASMBOX_CACHE_MAX_AGE_DAYS` (0: keep every compiled module), `WASMBOX_MEMORY_MB`,
-    /// `WASMBOX_OUTPUT_BYTES`, `WASMBOX_CONCURRENCY`, `WASMBOX_FOREGROUND_SLOTS`,
-    /// `WASMBOX_MAX_GUESTS`, `WASMBOX_QUEUE_WAIT_S`, `WASMBOX_MAX_JOBS`,
-    /// `WASMBOX_MAX_JOBS_PER_TOKEN`, `WASMBOX_ASYNC_QUEUE`, `WASMBOX_ASYNC_QUEUE_MB`,
-    /// `WASMBOX_PYTHON_PREIMPORT` (comma-separated
-    /// modules, or `none` for no pre-initialised image), `WASMBOX_POOL_SIZE`,
+    /// `WASMBOX_OUTPUT_BYTES`, `WASMBOX_RESULT_BYTES` (a tool answer's text: 80,000),
+    /// `WASMBOX_DOWNLOAD_BYTES` (one `file_download`: 4 MiB), `WASMBOX_CONCURRENCY`,
+    /// `WASMBOX_FOREGROUND_SLOTS`, `WASMBOX_MAX_GUESTS`, `WASMBOX_QUEUE_WAIT_S`,
+    /// `WASMBOX_MAX_JOBS`, `WASMBOX_MAX_JOBS_PER_TOKEN`, `WASMBOX_ASYNC_QUEUE`,
+    /// `WASMBOX_ASYNC_QUEUE_MB`, `WASMBOX_PYTHON_PREIMPORT` (comma-separated modules, or `none`
+    /// for no pre-initialised image), `WASMBOX_POOL_SIZE`,
     /// `WASMBOX_POOL_MEMORY_MB`, `WASMBOX_POOL_REFILL_THREADS`, `WASMBOX_POOLED_INSTANCES` (0 turns the
     /// pooling allocator off), `WASMBOX_SANDBOX_TIMEOUT` (seconds), `WASMBOX_MAX_SANDBOXES`,
     /// `WASMBOX_SANDBOX_DISK_MB`, `WASMBOX_SANDBOX_FILES`, `WASMBOX_SANDBOX_JOBS`,
@@ -116,6 +124,8 @@ impl Config {
             max_memory_bytes: memory.max(4096 * MIB),
             max_output_bytes: output.max(16 * MIB),
             max_code_bytes: 4 * MIB,
+            result_bytes: env_num("WASMBOX_RESULT_BYTES").unwrap_or(80_000).max(1),
+            download_bytes: env_num("WASMBOX_DOWNLOAD_BYTES").unwrap_or(4 * MIB).max(1),
             max_concurrency: concurrency,
             foreground_slots: env_num("WASMBOX_FOREGROUND_SLOTS")
                 .unwrap_or((concurrency / 4).max(1)),

@@ -305,6 +305,22 @@ struct PathArgs {
 }
 
 #[derive(Deserialize, JsonSchema)]
+struct ReadArgs {
+    sandbox_id: String,
+    /// Under /workspace: absolute (/workspace/...) or relative to it.
+    path: String,
+    /// Where to start, in bytes (default 0). A truncated answer's next_offset continues it.
+    #[serde(default)]
+    offset: Option<u64>,
+    /// The most to return. file_read: bytes of text as JSON carries it (a newline or quote
+    /// counts 2, another control character 6), default and cap WASMBOX_RESULT_BYTES (80,000,
+    /// the whole answer included). file_download: bytes of the file, default and cap
+    /// WASMBOX_DOWNLOAD_BYTES (4 MiB).
+    #[serde(default)]
+    max_bytes: Option<u64>,
+}
+
+#[derive(Deserialize, JsonSchema)]
 struct FileWriteArgs {
     sandbox_id: String,
     path: String,
@@ -495,9 +511,9 @@ impl WasmboxServer {
                 "list_processes",
                 "List what runs in a sandbox (its background executions; sandboxes have no OS processes).",
             ),
-            tool::<PathArgs>(
+            tool::<ReadArgs>(
                 "file_read",
-                "Read a UTF-8 text file of a sandbox's /workspace.",
+                "Read a UTF-8 text file of a sandbox's /workspace, from offset (bytes, default 0), at most max_bytes (default and cap: the answer budget, 80,000 bytes), cut at a character boundary. Returns content, size_bytes (the file's size), offset, truncated (more follows) and next_offset (pass it as offset to go on).",
             ),
             tool::<FileWriteArgs>(
                 "file_write",
@@ -520,9 +536,9 @@ impl WasmboxServer {
                 "file_upload",
                 "Write binary content (base64) to a file in a sandbox's /workspace.",
             ),
-            tool::<PathArgs>(
+            tool::<ReadArgs>(
                 "file_download",
-                "Read a file of a sandbox's /workspace as base64.",
+                "Read a file of a sandbox's /workspace as base64, from offset (bytes, default 0), at most max_bytes (default and cap 4 MiB). Returns content_base64, size (bytes returned), size_bytes (the file's size), offset, truncated (more follows) and next_offset.",
             ),
             tool::<SandboxArgs>("env_get", "A sandbox's environment variables."),
             tool::<EnvSetArgs>(
@@ -700,12 +716,17 @@ impl WasmboxServer {
                 with_args!(n, args, ProcessesArgs, |a| self.list_jobs(a))
             }
             "execute_kill_process" => with_args!(n, args, KillArgs, |a| self.kill_job(a)),
-            "file_read" | "file_exists" | "file_remove" | "file_mkdir" | "file_download" => {
-                with_args!(n, args, PathArgs, |a| self.file_op(name, a))
+            "file_read" | "file_download" => {
+                with_args!(n, args, ReadArgs, |a| self
+                    .file_read(name == "file_read", a)
+                    .await)
             }
-            "file_write" => with_args!(n, args, FileWriteArgs, |a| self.file_write(a)),
-            "file_upload" => with_args!(n, args, FileUploadArgs, |a| self.file_upload(a)),
-            "file_list" => with_args!(n, args, FileListArgs, |a| self.file_list(a)),
+            "file_exists" | "file_remove" | "file_mkdir" => {
+                with_args!(n, args, PathArgs, |a| self.file_op(name, a).await)
+            }
+            "file_write" => with_args!(n, args, FileWriteArgs, |a| self.file_write(a).await),
+            "file_upload" => with_args!(n, args, FileUploadArgs, |a| self.file_upload(a).await),
+            "file_list" => with_args!(n, args, FileListArgs, |a| self.file_list(a).await),
             "env_get" | "env_clear" => with_args!(n, args, SandboxArgs, |a| {
                 match self.sandbox(&a.sandbox_id, "sandbox_id") {
                     Ok(sb) => {
@@ -866,10 +887,11 @@ impl WasmboxServer {
                 }
             }
             "file_read" => {
-                let a = args!(PathArgs);
+                let a = args!(ReadArgs);
+                let budget = self.wasmbox.config().result_bytes;
                 sb.read_file(&a.path)
                     .await
-                    .map(|c| json!({"path": a.path, "content": c}))
+                    .map(|c| cloud_text_window(a, &c, budget))
             }
             "file_write" => {
                 let a = args!(FileWriteArgs);
@@ -879,9 +901,22 @@ impl WasmboxServer {
             }
             "file_list" => {
                 let a = args!(FileListArgs);
+                let budget = self.wasmbox.config().result_bytes;
                 sb.list_files(&a.path).await.map(|files| {
-                    json!({"path": a.path, "count": files.len(), "files": files,
-                           "truncated": false, "total_files": files.len()})
+                    let total = files.len();
+                    let shown = max_results(a.max_results, total);
+                    let files = files
+                        .iter()
+                        .take(shown)
+                        .map(|f| serde_json::to_value(f).unwrap_or_default());
+                    fit_list(
+                        json!({"path": a.path}),
+                        "files",
+                        files,
+                        total,
+                        shown < total,
+                        budget,
+                    )
                 })
             }
             "file_exists" => {
@@ -913,10 +948,31 @@ impl WasmboxServer {
                            "variables_set": keys, "merge_mode": a.merge})
                 })
             }
-            "execute_list_processes" | "list_processes" => sb.list_processes().await.map(|p| {
-                json!({"processes": p, "count": p.len(), "truncated": false,
-                           "total_processes": p.len()})
-            }),
+            "execute_list_processes" | "list_processes" => {
+                let max = args
+                    .get("max_results")
+                    .and_then(Value::as_i64)
+                    .unwrap_or_else(default_max_processes);
+                let budget = self.wasmbox.config().result_bytes;
+                sb.list_processes().await.map(|p| {
+                    let total = p.len();
+                    let shown = max_results(max, total);
+                    let share = output_share(budget, shown);
+                    let p = p.into_iter().take(shown).map(|mut p| {
+                        for k in ["stdout", "stderr"] {
+                            if let Some(s) = p[k].as_str() {
+                                let kept = crate::sandbox::fs::json_prefix(s, share);
+                                if kept.len() < s.len() {
+                                    p[k] = json!(kept);
+                                    p["output_truncated"] = json!(true);
+                                }
+                            }
+                        }
+                        p
+                    });
+                    fit_list(json!({}), "processes", p, total, shown < total, budget)
+                })
+            }
             "execute_kill_process" => {
                 let a = args!(KillArgs);
                 sb.kill_process(&a.process_id)
@@ -1364,18 +1420,20 @@ impl WasmboxServer {
             Ok(sb) => sb,
             Err(r) => return r,
         };
-        let mut processes: Vec<Value> = sb.jobs().iter().map(|j| j.info()).collect();
-        let total = processes.len();
-        let truncated = a.max_results > 0 && total > a.max_results as usize;
-        if truncated {
-            processes.truncate(a.max_results as usize);
-        }
-        ok_result(json!({
-            "count": processes.len(),
-            "processes": processes,
-            "truncated": truncated,
-            "total_processes": if truncated { Value::Null } else { json!(total) },
-        }))
+        let jobs = sb.jobs();
+        let total = jobs.len();
+        let shown = max_results(a.max_results, total);
+        let budget = self.wasmbox.config().result_bytes;
+        let share = output_share(budget, shown);
+        let processes = jobs.iter().take(shown).map(|j| j.info(share));
+        ok_result(fit_list(
+            json!({}),
+            "processes",
+            processes,
+            total,
+            shown < total,
+            budget,
+        ))
     }
 
     fn kill_job(&self, a: KillArgs) -> CallToolResult {
@@ -1400,45 +1458,81 @@ impl WasmboxServer {
         }
     }
 
-    fn file_op(&self, tool: &str, a: PathArgs) -> CallToolResult {
+    /// file_read and file_download: a window of the file, sized by the call and the server's
+    /// budgets, never by the file (a sparse file can claim a terabyte).
+    async fn file_read(&self, text: bool, a: ReadArgs) -> CallToolResult {
         let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
             Ok(sb) => sb,
             Err(r) => return r,
         };
-        let fs = &sb.fs;
-        let r = match tool {
-            "file_read" => fs
-                .read_text(&a.path)
-                .map(|(p, text)| json!({"path": p.guest(), "content": text})),
-            "file_download" => fs.read(&a.path).map(|(p, bytes)| {
-                json!({
-                    "path": p.guest(),
-                    "content_base64": base64::engine::general_purpose::STANDARD.encode(&bytes),
-                    "size": bytes.len(),
+        let cfg = self.wasmbox.config();
+        let (budget, download) = (cfg.result_bytes, cfg.download_bytes);
+        let offset = a.offset.unwrap_or(0);
+        on_disk(move || {
+            let r = if text {
+                let room = text_room(&a, budget);
+                sb.fs.read_text(&a.path, offset, room).map(|(p, w)| {
+                    json!({
+                        "path": p.guest(),
+                        "size_bytes": w.size,
+                        "offset": w.offset,
+                        "truncated": w.truncated,
+                        "next_offset": w.next_offset(),
+                        "content": w.data,
+                    })
                 })
-            }),
-            "file_exists" => fs
-                .exists(&a.path)
-                .map(|(p, e)| json!({"path": p.guest(), "exists": e})),
-            "file_remove" => fs
-                .remove(&a.path)
-                .map(|p| json!({"status": "removed", "path": p.guest()})),
-            _ => fs
-                .mkdir(&a.path)
-                .map(|p| json!({"status": "created", "path": p.guest()})),
-        };
-        match r {
-            Ok(v) => ok_result(v),
-            Err(e) => file_error(tool, &a.path, &e),
-        }
+            } else {
+                let max = a
+                    .max_bytes
+                    .map_or(download, |m| m.min(download as u64) as usize);
+                sb.fs.read_bytes(&a.path, offset, max).map(|(p, w)| {
+                    json!({
+                        "path": p.guest(),
+                        "content_base64": base64::engine::general_purpose::STANDARD.encode(&w.data),
+                        "size": w.data.len(),
+                        "size_bytes": w.size,
+                        "offset": w.offset,
+                        "truncated": w.truncated,
+                        "next_offset": w.next_offset(),
+                    })
+                })
+            };
+            let tool = if text { "file_read" } else { "file_download" };
+            r.map_or_else(|e| file_error(tool, &a.path, &e), ok_result)
+        })
+        .await
     }
 
-    fn file_write(&self, a: FileWriteArgs) -> CallToolResult {
+    async fn file_op(&self, tool: &str, a: PathArgs) -> CallToolResult {
         let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
             Ok(sb) => sb,
             Err(r) => return r,
         };
-        match sb.fs.write(&a.path, a.content.as_bytes()) {
+        let tool = tool.to_string();
+        on_disk(move || {
+            let fs = &sb.fs;
+            let r = match tool.as_str() {
+                "file_exists" => fs
+                    .exists(&a.path)
+                    .map(|(p, e)| json!({"path": p.guest(), "exists": e})),
+                "file_remove" => fs
+                    .remove(&a.path)
+                    .map(|p| json!({"status": "removed", "path": p.guest()})),
+                _ => fs
+                    .mkdir(&a.path)
+                    .map(|p| json!({"status": "created", "path": p.guest()})),
+            };
+            r.map_or_else(|e| file_error(&tool, &a.path, &e), ok_result)
+        })
+        .await
+    }
+
+    async fn file_write(&self, a: FileWriteArgs) -> CallToolResult {
+        let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
+            Ok(sb) => sb,
+            Err(r) => return r,
+        };
+        on_disk(move || match sb.fs.write(&a.path, a.content.as_bytes()) {
             // HOPX counts characters.
             Ok(p) => ok_result(json!({
                 "path": p.guest(),
@@ -1446,10 +1540,11 @@ impl WasmboxServer {
                 "bytes": a.content.len(),
             })),
             Err(e) => file_error("file_write", &a.path, &e),
-        }
+        })
+        .await
     }
 
-    fn file_upload(&self, a: FileUploadArgs) -> CallToolResult {
+    async fn file_upload(&self, a: FileUploadArgs) -> CallToolResult {
         let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
             Ok(sb) => sb,
             Err(r) => return r,
@@ -1465,34 +1560,39 @@ impl WasmboxServer {
                 }));
             }
         };
-        match sb.fs.write(&a.path, &bytes) {
+        on_disk(move || match sb.fs.write(&a.path, &bytes) {
             Ok(p) => ok_result(json!({"path": p.guest(), "size": bytes.len()})),
             Err(e) => file_error("file_upload", &a.path, &e),
-        }
+        })
+        .await
     }
 
-    fn file_list(&self, a: FileListArgs) -> CallToolResult {
+    async fn file_list(&self, a: FileListArgs) -> CallToolResult {
         let sb = match self.sandbox(&a.sandbox_id, "sandbox_id") {
             Ok(sb) => sb,
             Err(r) => return r,
         };
-        match sb.fs.list(&a.path) {
-            Ok((p, mut files)) => {
+        let budget = self.wasmbox.config().result_bytes;
+        on_disk(move || match sb.fs.list(&a.path) {
+            Ok((p, files)) => {
                 let total = files.len();
-                let truncated = a.max_results > 0 && total > a.max_results as usize;
-                if truncated {
-                    files.truncate(a.max_results as usize);
-                }
-                ok_result(json!({
-                    "path": p.guest(),
-                    "files": files,
-                    "count": files.len(),
-                    "truncated": truncated,
-                    "total_files": if truncated { Value::Null } else { json!(total) },
-                }))
+                let shown = max_results(a.max_results, total);
+                let files = files
+                    .iter()
+                    .take(shown)
+                    .map(|f| serde_json::to_value(f).unwrap_or_default());
+                ok_result(fit_list(
+                    json!({"path": p.guest()}),
+                    "files",
+                    files,
+                    total,
+                    shown < total,
+                    budget,
+                ))
             }
             Err(e) => file_error("file_list", &a.path, &e),
-        }
+        })
+        .await
     }
 
     fn env_set(&self, a: EnvSetArgs) -> CallToolResult {
@@ -1569,9 +1669,19 @@ impl WasmboxServer {
             }
         };
         let cwd = a.working_dir.clone().unwrap_or_else(|| "/workspace".into());
-        let code = match command_code(&sb, &local, &cwd) {
-            Ok(c) => c,
-            Err(e) => return run_error("Command execution failed", e),
+        let read = {
+            let (sb, local, cwd) = (sb.clone(), local.clone(), cwd.clone());
+            let limit = self.wasmbox.config().max_code_bytes;
+            tokio::task::spawn_blocking(move || command_code(&sb, &local, &cwd, limit)).await
+        };
+        let code = match read {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return run_error("Command execution failed", e),
+            Err(e) => {
+                tracing::error!("reading a command's script did not finish: {e}");
+                let msg = "reading the script failed unexpectedly; the server log has the details";
+                return run_error("Command execution failed", msg.to_string());
+            }
         };
         let timeout = Some(a.timeout.unwrap_or(if background { 300.0 } else { 30.0 }));
         let max = if background { 3600.0 } else { 300.0 };
@@ -1749,17 +1859,22 @@ impl WasmboxServer {
 }
 
 /// The code a local command runs: its file read from the sandbox (through the workspace's
-/// `Dir`), or its inline code; Python gets the `sys.argv` the command line gave.
+/// `Dir`, at most `limit` bytes, the code-size limit), or its inline code; Python gets the
+/// `sys.argv` the command line gave. Blocking: disk I/O.
 fn command_code(
     sb: &Sandbox,
     cmd: &crate::cloud::LocalCommand,
     cwd: &str,
+    limit: usize,
 ) -> Result<String, String> {
     use crate::cloud::Program;
     match (&cmd.program, cmd.language) {
         (Program::File(path), crate::Language::Python) => {
             let full = join_guest(cwd, path);
-            sb.fs.read_text(&full).map_err(|e| e.to_string())?;
+            // runpy reads it in the guest (which decodes it, PEP 263); here only its kind and size.
+            sb.fs
+                .check_script(&full, limit)
+                .map_err(|e| e.to_string())?;
             let mut argv = vec![path.clone()];
             argv.extend(cmd.args.iter().cloned());
             Ok(format!(
@@ -1776,7 +1891,7 @@ fn command_code(
         (Program::Code(code), _) => Ok(code.clone()),
         (Program::File(path), _) => sb
             .fs
-            .read_text(&join_guest(cwd, path))
+            .read_script(&join_guest(cwd, path), limit)
             .map(|(_, text)| text)
             .map_err(|e| e.to_string()),
     }
@@ -1832,6 +1947,107 @@ fn file_error(tool: &str, path: &str, e: &FsError) -> CallToolResult {
         "message": e.to_string(),
         "exception": e.to_string(),
     }))
+}
+
+/// Runs a tool's disk work on tokio's blocking pool: a slow disk, a quota walk over thousands of
+/// files or a large read must not hold one of the few runtime workers every other call needs.
+async fn on_disk(work: impl FnOnce() -> CallToolResult + Send + 'static) -> CallToolResult {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        tracing::error!("a file operation did not finish: {e}");
+        error_result(json!({
+            "error": "Internal error",
+            "message": "the file operation failed unexpectedly; the server log has the details",
+        }))
+    })
+}
+
+/// The bytes of JSON text a file_read's content may take: `max_bytes` within the budget, less
+/// the rest of the answer (the guest path at its longest, the numbers at their widest).
+fn text_room(a: &ReadArgs, budget: usize) -> usize {
+    let frame = pretty(&json!({
+        "path": format!("/workspace/{}", a.path),
+        "content": "",
+        "size_bytes": u64::MAX,
+        "offset": u64::MAX,
+        "truncated": false,
+        "next_offset": u64::MAX,
+    }))
+    .len();
+    let max = a
+        .max_bytes
+        .map_or(budget, |m| m.min(budget as u64) as usize);
+    max.min(budget.saturating_sub(frame))
+}
+
+/// A cloud file's text in the window a local one would get (the HOPX agent sends it whole).
+fn cloud_text_window(a: ReadArgs, content: &str, budget: usize) -> Value {
+    let start = a.offset.unwrap_or(0).min(content.len() as u64) as usize;
+    let at_boundary = content.is_char_boundary(start);
+    let room = text_room(&a, budget);
+    let (skip, text, truncated) =
+        crate::sandbox::fs::text_window(&content.as_bytes()[start..], at_boundary, true, room)
+            .unwrap_or((0, "", false));
+    json!({
+        "path": a.path,
+        "size_bytes": content.len(),
+        "offset": start + skip,
+        "truncated": truncated,
+        "next_offset": start + skip + text.len(),
+        "content": text,
+    })
+}
+
+/// How many of `total` entries HOPX's `max_results` asks for (<= 0: all).
+fn max_results(max: i64, total: usize) -> usize {
+    if max > 0 {
+        total.min(max as usize)
+    } else {
+        total
+    }
+}
+
+/// Bytes of JSON each of stdout and stderr may take when `n` processes share a `budget`: what
+/// their other fields (about 1 KB each) leave, split evenly, but enough to say something; the
+/// list then holds as many entries as fit.
+fn output_share(budget: usize, n: usize) -> usize {
+    ((budget / n.max(1)).saturating_sub(1024) / 2).max(128)
+}
+
+/// A HOPX list answer: `answer`'s fields plus `count`, the entries under `key`, `truncated` and
+/// `total_<key>`, holding entries while its text fits `budget` bytes. Cut short (by
+/// max_results or the budget), it says so: `truncated: true` and no total, as HOPX does.
+fn fit_list(
+    mut answer: Value,
+    key: &str,
+    entries: impl Iterator<Item = Value>,
+    total: usize,
+    mut truncated: bool,
+    budget: usize,
+) -> Value {
+    let total_key = format!("total_{key}");
+    answer["count"] = json!(total);
+    answer[key] = json!([]);
+    answer["truncated"] = json!(false);
+    answer[&total_key] = json!(total);
+    let mut used = pretty(&answer).len();
+    let mut kept = Vec::new();
+    for e in entries {
+        // In the list, every line of an entry is indented four more spaces, and entries are
+        // separated by ",\n".
+        let text = pretty(&e);
+        let cost = text.len() + 4 * (text.matches('\n').count() + 1) + 6;
+        if used + cost > budget {
+            truncated = true;
+            break;
+        }
+        used += cost;
+        kept.push(e);
+    }
+    answer["count"] = json!(kept.len());
+    answer[key] = Value::Array(kept);
+    answer["truncated"] = json!(truncated);
+    answer[&total_key] = if truncated { Value::Null } else { json!(total) };
+    answer
 }
 
 /// Resident set size of this process (Linux), or null elsewhere.

@@ -3,13 +3,17 @@
 //! `/workspace/...` or relative to it; anything else, a `..` that climbs out, or a symlink that
 //! leads out is refused with an error that names the rule. A quota (bytes and entries) holds for
 //! the file tools and, checked while they run, for guests.
+//!
+//! Reads are sized by the caller, never by the file: a guest can make a sparse file that claims a
+//! terabyte, and the host may hold a FIFO or a device in a workspace. Only regular files are
+//! opened for reading, and every read goes through `take`.
 
-use std::io;
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Component, Path, PathBuf};
 use std::time::SystemTime;
 
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, DirBuilder};
+use cap_std::fs::{Dir, DirBuilder, File, OpenOptions};
 use serde::Serialize;
 
 use crate::lang::guest::WORKSPACE_GUEST;
@@ -48,6 +52,12 @@ pub enum FsError {
     },
     #[error("{0} is not UTF-8 text; use file_download to get its bytes as base64")]
     NotText(String),
+    #[error(
+        "{0} is not a regular file (a FIFO, socket or device); the file tools read and write regular files only"
+    )]
+    NotRegular(String),
+    #[error("{path} is too large: {size} bytes, and at most {limit} are allowed")]
+    TooLarge { path: String, size: u64, limit: u64 },
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -72,6 +82,25 @@ impl GuestPath {
     #[doc(hidden)]
     pub fn rel(&self) -> &Path {
         &self.rel
+    }
+}
+
+/// Part of a file, as read: never more than the caller asked for, whatever size the file claims.
+#[derive(Clone, Debug)]
+pub struct Window<T> {
+    pub data: T,
+    /// Where `data` starts in the file.
+    pub offset: u64,
+    /// The file's size when it was opened.
+    pub size: u64,
+    /// Whether the file goes on after `data`.
+    pub truncated: bool,
+}
+
+impl<T: AsRef<[u8]>> Window<T> {
+    /// Where the next window starts.
+    pub fn next_offset(&self) -> u64 {
+        self.offset + self.data.as_ref().len() as u64
     }
 }
 
@@ -184,19 +213,108 @@ impl Workspace {
         Ok(GuestPath { rel, guest })
     }
 
-    pub fn read(&self, path: &str) -> Result<(GuestPath, Vec<u8>), FsError> {
+    /// Up to `max` bytes from `offset`.
+    pub fn read_bytes(
+        &self,
+        path: &str,
+        offset: u64,
+        max: usize,
+    ) -> Result<(GuestPath, Window<Vec<u8>>), FsError> {
         let p = self.resolve(path)?;
-        if self.is_dir(&p)? {
-            return Err(FsError::IsADirectory(p.guest));
-        }
-        let bytes = self.dir.read(&p.rel).map_err(|e| io_err(&p, e))?;
-        Ok((p, bytes))
+        let (file, size) = self.open_regular(&p)?;
+        let mut data = read_at(&p, file, offset, max as u64 + 1)?;
+        let truncated = data.len() > max;
+        data.truncate(max);
+        let w = Window {
+            data,
+            offset,
+            size,
+            truncated,
+        };
+        Ok((p, w))
     }
 
-    pub fn read_text(&self, path: &str) -> Result<(GuestPath, String), FsError> {
-        let (p, bytes) = self.read(path)?;
+    /// Text from `offset` that takes at most `budget` bytes as a JSON string (see
+    /// [`text_window`]). A window that is not UTF-8 is refused, as a binary file always was:
+    /// file_download is the way to its bytes.
+    pub fn read_text(
+        &self,
+        path: &str,
+        offset: u64,
+        budget: usize,
+    ) -> Result<(GuestPath, Window<String>), FsError> {
+        let p = self.resolve(path)?;
+        let (file, size) = self.open_regular(&p)?;
+        // Enough to fill the budget and tell whether more follows (a character takes at least
+        // its own length in JSON): `budget` bytes (at least 4, for the one character always
+        // given), up to 3 skipped at the start and 3 of a last character that does not fit.
+        let limit = budget.max(4) as u64 + 7;
+        let buf = read_at(&p, file, offset, limit)?;
+        let at_end = (buf.len() as u64) < limit;
+        let (skip, text, truncated) = text_window(&buf, offset == 0, at_end, budget)
+            .ok_or_else(|| FsError::NotText(p.guest.clone()))?;
+        let w = Window {
+            data: text.to_string(),
+            offset: offset + skip as u64,
+            size,
+            truncated,
+        };
+        Ok((p, w))
+    }
+
+    /// A script's text for a command to run, refused above `limit` bytes (the code-size limit).
+    pub fn read_script(&self, path: &str, limit: usize) -> Result<(GuestPath, String), FsError> {
+        let p = self.resolve(path)?;
+        let (file, size) = self.open_regular(&p)?;
+        let too_large = |size: u64| FsError::TooLarge {
+            path: p.guest.clone(),
+            size,
+            limit: limit as u64,
+        };
+        if size > limit as u64 {
+            return Err(too_large(size));
+        }
+        // The size was read before: the file may have grown since.
+        let bytes = read_at(&p, file, 0, limit as u64 + 1)?;
+        if bytes.len() > limit {
+            return Err(too_large(bytes.len() as u64));
+        }
         let text = String::from_utf8(bytes).map_err(|_| FsError::NotText(p.guest.clone()))?;
         Ok((p, text))
+    }
+
+    /// Checks a script the guest reads itself (Python's runpy): a regular file within `limit`.
+    pub fn check_script(&self, path: &str, limit: usize) -> Result<GuestPath, FsError> {
+        let p = self.resolve(path)?;
+        let (_, size) = self.open_regular(&p)?;
+        if size > limit as u64 {
+            return Err(FsError::TooLarge {
+                path: p.guest,
+                size,
+                limit: limit as u64,
+            });
+        }
+        Ok(p)
+    }
+
+    /// Opens a regular file to read, and its size. A FIFO would block `open` until a writer
+    /// came and a device may never end, so anything else is refused before opening and again
+    /// once open: the path may have been swapped in between, and `O_NONBLOCK` keeps that
+    /// `open` from blocking.
+    fn open_regular(&self, p: &GuestPath) -> Result<(File, u64), FsError> {
+        let meta = self.dir.metadata(&p.rel).map_err(|e| io_err(p, e))?;
+        regular(p, &meta)?;
+        self.open_checked(p)
+    }
+
+    fn open_checked(&self, p: &GuestPath) -> Result<(File, u64), FsError> {
+        let mut o = OpenOptions::new();
+        o.read(true);
+        nonblocking(&mut o);
+        let file = self.dir.open_with(&p.rel, &o).map_err(|e| io_err(p, e))?;
+        let meta = file.metadata().map_err(|e| io_err(p, e))?;
+        regular(p, &meta)?;
+        Ok((file, meta.len()))
     }
 
     /// Writes a file (parents created), within the quota.
@@ -210,6 +328,10 @@ impl Workspace {
             Ok(m) => Some(m.len()),
             Err(_) => None,
         };
+        // Where a symlink inside leads counts: opening a FIFO to write blocks until a reader comes.
+        if let Ok(m) = self.dir.metadata(&p.rel) {
+            regular(&p, &m)?;
+        }
         let (used, entries) = self.usage();
         let would = used.saturating_sub(old.unwrap_or(0)) + bytes.len() as u64;
         if would > self.quota.max_bytes {
@@ -231,7 +353,12 @@ impl Workspace {
         if let Some(parent) = p.rel.parent().filter(|d| !d.as_os_str().is_empty()) {
             self.dir.create_dir_all(parent).map_err(|e| io_err(&p, e))?;
         }
-        self.dir.write(&p.rel, bytes).map_err(|e| io_err(&p, e))?;
+        let mut o = OpenOptions::new();
+        o.write(true).create(true).truncate(true);
+        nonblocking(&mut o);
+        let mut file = self.dir.open_with(&p.rel, &o).map_err(|e| io_err(&p, e))?;
+        regular(&p, &file.metadata().map_err(|e| io_err(&p, e))?)?;
+        file.write_all(bytes).map_err(|e| io_err(&p, e))?;
         Ok(p)
     }
 
@@ -385,6 +512,97 @@ impl Workspace {
     }
 }
 
+/// An `open` that cannot block: a FIFO swapped in after a check opens (or fails) at once, and is
+/// then refused by the check of the opened file. No effect on regular files.
+fn nonblocking(o: &mut OpenOptions) {
+    #[cfg(unix)]
+    cap_std::fs::OpenOptionsExt::custom_flags(o, libc::O_NONBLOCK | libc::O_NOCTTY);
+}
+
+fn regular(p: &GuestPath, meta: &cap_std::fs::Metadata) -> Result<(), FsError> {
+    if meta.is_dir() {
+        Err(FsError::IsADirectory(p.guest.clone()))
+    } else if !meta.is_file() {
+        Err(FsError::NotRegular(p.guest.clone()))
+    } else {
+        Ok(())
+    }
+}
+
+/// At most `limit` bytes from `offset`, into a buffer that grows with what is read: the file's
+/// size may be a sparse terabyte, so it sizes nothing.
+fn read_at(p: &GuestPath, mut file: File, offset: u64, limit: u64) -> Result<Vec<u8>, FsError> {
+    file.seek(SeekFrom::Start(offset))
+        .map_err(|e| io_err(p, e))?;
+    let mut buf = Vec::new();
+    file.take(limit)
+        .read_to_end(&mut buf)
+        .map_err(|e| io_err(p, e))?;
+    Ok(buf)
+}
+
+/// The text at the start of `buf` whose JSON string form fits `budget` bytes: (bytes skipped
+/// at the start, the text, whether bytes are left after it). Counting JSON keeps a file of
+/// control characters (a sparse file is all NULs, six bytes each as `\u0000`) within the
+/// budget. The text ends at a character boundary; unless `at_boundary`, up to three
+/// continuation bytes at the start are skipped (an offset inside a character starts at the
+/// next one). Unless `at_end`, a character cut at the end of `buf` is left for the next
+/// window. `None` when the bytes before the cut are not UTF-8.
+pub fn text_window(
+    buf: &[u8],
+    at_boundary: bool,
+    at_end: bool,
+    budget: usize,
+) -> Option<(usize, &str, bool)> {
+    let skip = if at_boundary {
+        0
+    } else {
+        buf.iter().take(3).take_while(|b| *b & 0xC0 == 0x80).count()
+    };
+    let rest = &buf[skip..];
+    let (valid, bad) = match std::str::from_utf8(rest) {
+        Ok(s) => (s, false),
+        Err(e) => (
+            std::str::from_utf8(&rest[..e.valid_up_to()]).ok()?,
+            e.error_len().is_some() || at_end,
+        ),
+    };
+    let (text, used) = json_fit(valid, budget);
+    // Bad bytes the window would have reached (a byte takes at least one).
+    if bad && text.len() == valid.len() && used < budget {
+        return None;
+    }
+    Some((skip, text, text.len() < rest.len()))
+}
+
+/// The longest start of `s` whose JSON string form fits `budget` bytes, but at least one
+/// character, so a reader paging through a file always moves on.
+pub fn json_prefix(s: &str, budget: usize) -> &str {
+    json_fit(s, budget).0
+}
+
+/// [`json_prefix`], and the bytes it takes.
+fn json_fit(s: &str, budget: usize) -> (&str, usize) {
+    let mut used = 0;
+    for (i, c) in s.char_indices() {
+        let n = json_len(c);
+        if used + n > budget && i > 0 {
+            return (&s[..i], used);
+        }
+        used += n;
+    }
+    (s, used)
+}
+
+/// Bytes `c` takes inside a JSON string as serde_json writes it.
+fn json_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if c < ' ' => 6,
+        c => c.len_utf8(),
+    }
+}
+
 fn io_err(p: &GuestPath, e: io::Error) -> FsError {
     match e.kind() {
         io::ErrorKind::NotFound => FsError::NotFound(p.guest.clone()),
@@ -466,7 +684,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc", w.host_workspace().join("out")).unwrap();
         std::os::unix::fs::symlink("../../../../../../etc", w.host_workspace().join("up")).unwrap();
         for p in ["out/passwd", "up/passwd"] {
-            let e = w.read(p).unwrap_err();
+            let e = w.read_bytes(p, 0, 10).unwrap_err();
             assert!(matches!(e, FsError::SymlinkEscape(_)), "{p}: {e}");
             assert!(w.write(p, b"x").is_err(), "{p}");
         }
@@ -523,14 +741,116 @@ mod tests {
     fn round_trip_and_listing() {
         let (_t, w) = ws();
         w.write("/workspace/d/x.txt", "héllo".as_bytes()).unwrap();
-        assert_eq!(w.read_text("d/x.txt").unwrap().1, "héllo");
+        assert_eq!(w.read_text("d/x.txt", 0, 100).unwrap().1.data, "héllo");
         let (_, list) = w.list("/workspace").unwrap();
         assert_eq!(list.len(), 1);
         assert!(list[0].is_directory);
         assert_eq!(list[0].path, "/workspace/d");
         assert!(w.exists("d/x.txt").unwrap().1);
         assert!(!w.exists("nope").unwrap().1);
-        assert!(matches!(w.read("nope"), Err(FsError::NotFound(_))));
-        assert!(matches!(w.read("d"), Err(FsError::IsADirectory(_))));
+        assert!(matches!(
+            w.read_bytes("nope", 0, 1),
+            Err(FsError::NotFound(_))
+        ));
+        assert!(matches!(
+            w.read_text("d", 0, 1),
+            Err(FsError::IsADirectory(_))
+        ));
+    }
+
+    #[test]
+    fn a_sparse_terabyte_is_read_in_windows() {
+        let (_t, w) = ws();
+        let f = std::fs::File::create(w.host_workspace().join("big")).unwrap();
+        f.set_len(1 << 40).unwrap();
+        let (_, b) = w.read_bytes("big", 0, 100).unwrap();
+        assert_eq!((b.data, b.size, b.truncated), (vec![0; 100], 1 << 40, true));
+        let (_, b) = w.read_bytes("big", (1 << 40) - 3, 100).unwrap();
+        assert_eq!(
+            (b.data.len(), b.truncated, b.next_offset()),
+            (3, false, 1 << 40)
+        );
+        // NULs go out as "\u0000": six bytes each.
+        let (_, t) = w.read_text("big", 7, 60).unwrap();
+        assert_eq!((t.data.as_str(), t.offset), ("\0".repeat(10).as_str(), 7));
+        assert!(t.truncated);
+        for e in [
+            w.read_script("big", 4096).unwrap_err(),
+            w.check_script("big", 4096).unwrap_err(),
+        ] {
+            assert!(
+                matches!(e, FsError::TooLarge { size, .. } if size == 1 << 40),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn fifos_are_refused_without_blocking() {
+        let (_t, w) = ws();
+        let path = w.host_workspace().join("pipe");
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path; mkfifo only reads it.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let not_regular = |r: Result<(), FsError>| matches!(r, Err(FsError::NotRegular(_)));
+        assert!(not_regular(w.read_bytes("pipe", 0, 1).map(drop)));
+        assert!(not_regular(w.read_text("pipe", 0, 1).map(drop)));
+        assert!(not_regular(w.read_script("pipe", 1).map(drop)));
+        assert!(not_regular(w.check_script("pipe", 1).map(drop)));
+        assert!(not_regular(w.write("pipe", b"x").map(drop)));
+        // A FIFO swapped in after the first check: the open itself does not block, and the
+        // opened file is checked again.
+        let p = w.resolve("pipe").unwrap();
+        assert!(not_regular(w.open_checked(&p).map(drop)));
+    }
+
+    #[test]
+    fn scripts_are_read_within_the_limit() {
+        let (_t, w) = ws();
+        w.write("s.js", b"console.log(1)").unwrap();
+        assert_eq!(w.read_script("s.js", 14).unwrap().1, "console.log(1)");
+        assert!(matches!(
+            w.read_script("s.js", 13),
+            Err(FsError::TooLarge { size: 14, .. })
+        ));
+        assert_eq!(
+            w.check_script("s.js", 14).unwrap().guest(),
+            "/workspace/s.js"
+        );
+        w.write("b.js", b"\xff").unwrap();
+        assert!(matches!(w.read_script("b.js", 9), Err(FsError::NotText(_))));
+    }
+
+    #[test]
+    fn text_windows_end_at_characters_and_count_json() {
+        let s = "aé€😀".as_bytes();
+        assert_eq!(text_window(s, true, true, 8), Some((0, "aé€", true)));
+        assert_eq!(text_window(s, true, true, 10), Some((0, "aé€😀", false)));
+        // Inside a character: from the next one.
+        assert_eq!(
+            text_window(&s[2..], false, true, 100),
+            Some((1, "€😀", false))
+        );
+        // At least one character, so paging moves on.
+        assert_eq!(text_window(&s[6..], true, true, 1), Some((0, "😀", false)));
+        // A character cut by the read is left for the next window; at the end it is not text.
+        assert_eq!(
+            text_window(&s[..8], true, false, 100),
+            Some((0, "aé€", true))
+        );
+        assert_eq!(text_window(&s[..8], true, true, 100), None);
+        // Bytes that are not UTF-8: refused when reached, fine when the window ends before.
+        assert_eq!(text_window(b"abc\xff", true, true, 100), None);
+        assert_eq!(
+            text_window(b"abc\xff", true, true, 3),
+            Some((0, "abc", true))
+        );
+        assert_eq!(text_window(b"\x80abc", true, true, 100), None);
+        assert_eq!(text_window(b"\x80\x80\x80\x80a", false, true, 100), None);
+        // JSON escapes count: 2 for a newline or quote, 6 for other control characters.
+        assert_eq!(json_prefix("\n\n\n", 5), "\n\n");
+        assert_eq!(json_prefix("\"\\x", 4), "\"\\");
+        assert_eq!(json_prefix("\0\0", 11), "\0");
+        assert_eq!(json_prefix("\u{7f}é", 3), "\u{7f}é");
     }
 }

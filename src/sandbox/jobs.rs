@@ -8,7 +8,7 @@ use std::time::{Instant, SystemTime};
 
 use serde_json::{Value, json};
 
-use super::fs::rfc3339;
+use super::fs::{json_prefix, rfc3339};
 use crate::engine::limits::{CappedOutput, Stop, StopReason};
 use crate::lang::{ExecResult, Language};
 
@@ -69,8 +69,18 @@ impl Job {
         self.end.lock().unwrap().as_ref().map(|(r, _)| r.clone())
     }
 
-    /// The job as `execute_list_processes` shows it.
-    pub fn info(&self) -> Value {
+    /// The job as `execute_list_processes` shows it, stdout and stderr each cut to take at most
+    /// `max_output` bytes of JSON (`output_truncated` says so): a list of jobs must fit a tool
+    /// answer's budget.
+    pub fn info(&self, max_output: usize) -> Value {
+        let cut = std::cell::Cell::new(false);
+        let out = |s: &str| {
+            let kept = json_prefix(s, max_output);
+            if kept.len() < s.len() {
+                cut.set(true);
+            }
+            json!(kept)
+        };
         let end = self.end.lock().unwrap();
         let mut v = json!({
             "process_id": self.id,
@@ -81,11 +91,11 @@ impl Job {
         });
         match &*end {
             None => {
-                let (out, err) = (self.output.0.peek(), self.output.1.peek());
+                let (stdout, stderr) = (self.output.0.peek(), self.output.1.peek());
                 v["status"] = json!("running");
                 v["exit_code"] = Value::Null;
-                v["stdout"] = json!(String::from_utf8_lossy(&out.bytes));
-                v["stderr"] = json!(String::from_utf8_lossy(&err.bytes));
+                v["stdout"] = out(&String::from_utf8_lossy(&stdout.bytes));
+                v["stderr"] = out(&String::from_utf8_lossy(&stderr.bytes));
                 v["execution_time"] = json!(self.started.elapsed().as_secs_f64());
                 v["ended_at"] = Value::Null;
             }
@@ -102,8 +112,8 @@ impl Job {
                         };
                         v["status"] = json!(status);
                         v["exit_code"] = json!(r.exit_code);
-                        v["stdout"] = json!(r.stdout);
-                        v["stderr"] = json!(r.stderr);
+                        v["stdout"] = out(&r.stdout);
+                        v["stderr"] = out(&r.stderr);
                         v["execution_time"] = json!(r.execution_time);
                         v["limit"] = json!(r.limit);
                         v["success"] = json!(r.success);
@@ -112,12 +122,13 @@ impl Job {
                         v["status"] = json!("failed");
                         v["exit_code"] = json!(1);
                         v["stdout"] = json!("");
-                        v["stderr"] = json!(e);
+                        v["stderr"] = out(e);
                         v["success"] = json!(false);
                     }
                 }
             }
         }
+        v["output_truncated"] = json!(cut.get());
         v
     }
 }

@@ -350,8 +350,9 @@ impl Sandbox {
 
     /// The sandbox as HOPX's SandboxInfo (key `sandbox_id`), plus local details.
     pub fn info(&self) -> Value {
-        let l = self.lifetime.lock().unwrap();
+        // The walk first: the reaper takes this lock while it holds the registry's.
         let (bytes, entries) = self.fs.usage();
+        let l = self.lifetime.lock().unwrap();
         let quota = self.fs.quota();
         json!({
             "sandbox_id": self.id,
