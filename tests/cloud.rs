@@ -330,9 +330,11 @@ async fn numeric_templates_go_as_template_id_and_env_vars_are_applied() {
     req.region = Some("eu-west".into());
     let sb = cloud.start(&req).await.unwrap();
     let reqs = fake.requests();
+    // The lifetime is always sent: the maximum when none was asked for.
     assert_eq!(
         reqs[0].json(),
-        json!({"template_id": "291", "region": "eu-west", "env_vars": {"MODE": "test"}})
+        json!({"template_id": "291", "region": "eu-west", "env_vars": {"MODE": "test"},
+               "timeout_seconds": 3600})
     );
     // The SDK's way: create-time variables are applied through the agent as well.
     assert!(fake.calls().contains(&"PATCH /agent/env".to_string()));

@@ -1256,7 +1256,15 @@ impl WasmboxServer {
                     } else if unavailable {
                         (e.to_string(), "CloudUnavailable")
                     } else {
-                        (e.to_string(), "CloudError")
+                        use crate::cloud::CloudError as C;
+                        let kind = match &e {
+                            Error::Cloud(
+                                C::TooManySandboxes { .. } | C::TooManyForOwner { .. },
+                            ) => "SandboxLimitError",
+                            Error::Cloud(C::BadTimeout { .. }) => "InvalidArgument",
+                            _ => "CloudError",
+                        };
+                        (e.to_string(), kind)
                     };
                     error_result(json!({
                         "error": "Failed to create sandbox",
