@@ -70,6 +70,10 @@ pub struct Config {
 pub struct WebhookConfig {
     /// Any http(s) host (`WASMBOX_WEBHOOK_ALLOW_ANY=1`); by default loopback hosts only.
     pub allow_any_host: bool,
+    /// With `allow_any_host`, private, link-local (cloud metadata), CGNAT, unspecified and
+    /// multicast addresses too (`WASMBOX_WEBHOOK_ALLOW_PRIVATE=1`): a webhook is a request the
+    /// server makes from inside the user's network, so these need a second, explicit yes.
+    pub allow_private: bool,
     /// HMAC-SHA256 key (`WASMBOX_WEBHOOK_SECRET`); `None`: a random one in the cache dir.
     pub secret: Option<String>,
 }
@@ -90,7 +94,10 @@ impl Config {
     /// `WASMBOX_SANDBOX_DISK_MB`, `WASMBOX_SANDBOX_FILES`, `WASMBOX_SANDBOX_JOBS`,
     /// `WASMBOX_MAX_SANDBOXES_PER_TOKEN`, `WASMBOX_SESSIONS_PER_TOKEN`, `WASMBOX_DATA`
     /// (sandboxes' files; `none`: a temporary directory, gone with the process),
-    /// `WASMBOX_WEBHOOK_ALLOW_ANY` and `WASMBOX_WEBHOOK_SECRET`.
+    /// `WASMBOX_WEBHOOK_ALLOW_ANY`, `WASMBOX_WEBHOOK_ALLOW_PRIVATE` (with ALLOW_ANY only),
+    /// `WASMBOX_WEBHOOK_SECRET`, and for the HOPX cloud (read by [`CloudConfig::from_env`])
+    /// `HOPX_API_KEY`, `HOPX_BASE_URL`, `WASMBOX_OFFLINE`, `WASMBOX_MAX_CLOUD_SANDBOXES`,
+    /// `WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN` and `WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT` (seconds).
     pub fn from_env() -> Self {
         let env_num = |name: &str| {
             std::env::var(name)
@@ -170,6 +177,8 @@ impl Config {
             sessions_per_token: env_num("WASMBOX_SESSIONS_PER_TOKEN").unwrap_or(16).max(1),
             webhook: WebhookConfig {
                 allow_any_host: std::env::var("WASMBOX_WEBHOOK_ALLOW_ANY").is_ok_and(|v| v == "1"),
+                allow_private: std::env::var("WASMBOX_WEBHOOK_ALLOW_PRIVATE")
+                    .is_ok_and(|v| v == "1"),
                 secret: std::env::var("WASMBOX_WEBHOOK_SECRET")
                     .ok()
                     .filter(|s| !s.is_empty()),

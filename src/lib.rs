@@ -68,6 +68,7 @@ struct Inner {
     executions: AtomicU64,
     sandboxes: Arc<Sandboxes>,
     webhook_key: Vec<u8>,
+    /// Delivers webhooks only (checked addresses, no redirects).
     http: reqwest::Client,
     /// The HOPX client; whether it may be used is `cloud::route`'s call.
     cloud: Option<cloud::Cloud>,
@@ -84,6 +85,17 @@ pub struct CloudSandbox {
     pub created_at: std::time::SystemTime,
     pub timeout_seconds: Option<u64>,
     pub sandbox: cloud::Sandbox,
+    /// Its place within the cloud sandbox limits, given back when it is forgotten.
+    _slot: cloud::CloudSlot,
+}
+
+impl CloudSandbox {
+    /// HOPX has deleted it by now (its lifetime is always set).
+    fn expired(&self) -> bool {
+        self.timeout_seconds.is_some_and(|t| {
+            self.created_at + Duration::from_secs(t) <= std::time::SystemTime::now()
+        })
+    }
 }
 
 /// A blocking execution handed to a guest thread.
@@ -113,9 +125,7 @@ impl Wasmbox {
                 sandboxes,
                 cloud_sandboxes: Default::default(),
                 webhook_key,
-                http: reqwest::Client::builder()
-                    .user_agent(concat!("wasmbox/", env!("CARGO_PKG_VERSION")))
-                    .build()
+                http: sandbox::webhook::client(&config.webhook)
                     .map_err(|e| Error::Engine(format!("building the HTTP client: {e}")))?,
                 live: Semaphore::new(config.max_guests),
                 cpu: engine::cpu::CpuSlots::new(config.max_concurrency, config.foreground_slots),
@@ -447,6 +457,7 @@ impl Wasmbox {
             Some(template) => {
                 let mut create = cloud::CreateSandbox::new(template);
                 create.internet_access = Some(route.internet_access);
+                create.timeout_seconds = Some(client.config().oneshot_timeout(req.timeout));
                 let mut exec = cloud::ExecuteRequest::new(language, req.code.clone());
                 exec.timeout = req.timeout;
                 exec.env = req.env.clone();
@@ -485,18 +496,23 @@ impl Wasmbox {
                 "template {template} runs locally; create it as a local sandbox"
             )));
         }
+        let client = self.cloud()?;
+        let timeout = client.config().sandbox_timeout(timeout_seconds)?;
+        drop(self.live_cloud_sandboxes());
+        let slot = client.reserve(Some(owner))?;
         let mut req = cloud::CreateSandbox::new(template);
-        req.timeout_seconds = timeout_seconds;
+        req.timeout_seconds = Some(timeout);
         req.internet_access = Some(internet_access);
         req.env_vars = env;
-        let sandbox = self.cloud()?.start(&req).await?;
+        let sandbox = client.start(&req).await?;
         let sb = Arc::new(CloudSandbox {
             id: format!("wb{}", uuid::Uuid::new_v4().simple()),
             owner: owner.to_string(),
             template: template.to_string(),
             created_at: std::time::SystemTime::now(),
-            timeout_seconds,
+            timeout_seconds: Some(timeout),
             sandbox,
+            _slot: slot,
         });
         self.inner
             .cloud_sandboxes
@@ -506,19 +522,21 @@ impl Wasmbox {
         Ok(sb)
     }
 
+    /// The cloud sandboxes map without those HOPX has ended (their places are given back).
+    fn live_cloud_sandboxes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<CloudSandbox>>> {
+        let mut map = self.inner.cloud_sandboxes.lock().unwrap();
+        map.retain(|_, c| !c.expired());
+        map
+    }
+
     pub fn cloud_sandbox(&self, id: &str) -> Option<Arc<CloudSandbox>> {
-        self.inner.cloud_sandboxes.lock().unwrap().get(id).cloned()
+        self.live_cloud_sandboxes().get(id).cloned()
     }
 
     pub fn cloud_sandboxes(&self) -> Vec<Arc<CloudSandbox>> {
-        let mut v: Vec<_> = self
-            .inner
-            .cloud_sandboxes
-            .lock()
-            .unwrap()
-            .values()
-            .cloned()
-            .collect();
+        let mut v: Vec<_> = self.live_cloud_sandboxes().values().cloned().collect();
         v.sort_by_key(|s| s.created_at);
         v
     }

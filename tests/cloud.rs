@@ -330,9 +330,11 @@ async fn numeric_templates_go_as_template_id_and_env_vars_are_applied() {
     req.region = Some("eu-west".into());
     let sb = cloud.start(&req).await.unwrap();
     let reqs = fake.requests();
+    // The lifetime is always sent: the maximum when none was asked for.
     assert_eq!(
         reqs[0].json(),
-        json!({"template_id": "291", "region": "eu-west", "env_vars": {"MODE": "test"}})
+        json!({"template_id": "291", "region": "eu-west", "env_vars": {"MODE": "test"},
+               "timeout_seconds": 3600})
     );
     // The SDK's way: create-time variables are applied through the agent as well.
     assert!(fake.calls().contains(&"PATCH /agent/env".to_string()));
@@ -915,6 +917,102 @@ async fn the_api_key_never_leaks_into_logs_errors_or_results() {
         !logs.contains("Bearer jwt-"),
         "a sandbox token leaked into the logs"
     );
+}
+
+/// A redirect is an error on both planes: the key or a token would go where it points (reqwest
+/// keeps `X-API-Key` across hosts), and a 307 would send the code to run there too.
+#[tokio::test]
+async fn redirects_are_refused_on_both_planes_and_nothing_reaches_their_target() {
+    let fake = FakeHopx::start().await;
+    let thief = FakeHopx::start().await;
+    let cloud = cloud(&fake);
+    fake.fail(
+        Method::GET,
+        "/v1/sandboxes",
+        1,
+        Fault::Redirect(307, format!("{}/v1/sandboxes", thief.base_url())),
+    );
+    let control = cloud.list_sandboxes(5, None).await.map(|l| l.len());
+    let sb = started(&cloud).await;
+    fake.fail(
+        Method::POST,
+        "/execute",
+        1,
+        Fault::Redirect(307, format!("{}/agent/x/execute", thief.base_url())),
+    );
+    let agent = sb
+        .execute(&ExecuteRequest::new("python", "print(1)"))
+        .await
+        .map(|r| r.stdout);
+    assert!(
+        thief.requests().is_empty(),
+        "a redirect was followed: {:?} (X-API-Key: {:?})",
+        thief.calls(),
+        thief.requests().first().and_then(|r| r.header("x-api-key"))
+    );
+    for (plane, r) in [
+        ("control", control.map(|n| n.to_string())),
+        ("agent", agent),
+    ] {
+        let msg = r.expect_err(plane).to_string();
+        assert!(
+            msg.contains("redirect (307)") && msg.contains("HOPX_BASE_URL"),
+            "{plane}: {msg}"
+        );
+        assert_no_key(&[msg]);
+    }
+    // Sent once and not retried.
+    assert_eq!(fake.count("GET", "/v1/sandboxes"), 1);
+    assert_eq!(fake.count("POST", "/execute"), 1);
+    sb.delete().await.unwrap();
+}
+
+/// Replies are read in chunks and dropped past a cap (1 MiB for the control plane, 16 MiB for
+/// an agent), with or without a `Content-Length`, instead of being buffered whole.
+#[tokio::test]
+async fn huge_replies_are_cut_off_while_reading() {
+    let fake = FakeHopx::start().await;
+    let cloud = cloud(&fake);
+    let sb = started(&cloud).await;
+    let id = sb.id().to_string();
+    sb.write_file("/workspace/big.txt", "x").await.unwrap();
+    let cases: [(Method, &str, Fault, &str); 4] = [
+        (Method::GET, "/v1/sandboxes", Fault::Huge(8 << 20), "1 MiB"),
+        (
+            Method::GET,
+            "/v1/sandboxes",
+            Fault::HugeSized(8 << 20),
+            "1 MiB",
+        ),
+        (Method::GET, "/files/read", Fault::Huge(64 << 20), "16 MiB"),
+        (
+            Method::GET,
+            "/files/read",
+            Fault::HugeSized(64 << 20),
+            "16 MiB",
+        ),
+    ];
+    for (method, path, fault, cap) in cases {
+        let what = format!("{path} {fault:?}");
+        fake.fail(method, path, 1, fault);
+        let r = if path == "/files/read" {
+            sb.read_file("/workspace/big.txt").await.map(|c| c.len())
+        } else {
+            cloud.list_sandboxes(5, None).await.map(|l| l.len())
+        };
+        let msg = r.expect_err(&what).to_string();
+        assert!(
+            msg.contains("more than") && msg.contains(cap),
+            "{what}: {msg}"
+        );
+    }
+    // Nothing was retried, and a large reply under the cap is fine.
+    assert_eq!(fake.count("GET", "/files/read"), 2);
+    fake.fail(Method::GET, "/files/read", 1, Fault::Huge(4 << 20));
+    let content = sb.read_file("/workspace/big.txt").await.unwrap();
+    assert!(content.len() > 4_000_000, "{}", content.len());
+    assert_eq!(cloud.get_sandbox(&id).await.unwrap().id, id);
+    sb.delete().await.unwrap();
 }
 
 mod routing {

@@ -311,3 +311,156 @@ async fn a_cloud_sandbox_without_a_key_is_a_clear_error() {
     }
     c.cancel().await.unwrap();
 }
+
+/// Cloud sandboxes cost money and cannot be stopped from the host once lost: live ones are
+/// capped in all (`WASMBOX_MAX_CLOUD_SANDBOXES`) and per owner
+/// (`WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN`), cloud one-shots included while they run, and a
+/// deleted one frees its place.
+#[tokio::test]
+async fn live_cloud_sandboxes_are_capped_in_all_and_per_owner() {
+    let fake = FakeHopx::start().await;
+    let base = fake.base_url();
+    let cloud = json!({"internet_access": true});
+    let c = server_with_env(&[
+        ("HOPX_API_KEY", API_KEY),
+        ("HOPX_BASE_URL", &base),
+        ("WASMBOX_MAX_CLOUD_SANDBOXES", "2"),
+        ("WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN", "5"),
+    ])
+    .await;
+    let first = create_sandbox(&c, cloud.clone()).await;
+    create_sandbox(&c, cloud.clone()).await;
+    let e = err(&c, "create_sandbox", cloud.clone()).await;
+    let msg = e["exception"].as_str().unwrap();
+    assert!(
+        msg.contains("WASMBOX_MAX_CLOUD_SANDBOXES ") && msg.contains("(2"),
+        "{msg}"
+    );
+    let e = err(
+        &c,
+        "execute_code",
+        json!({"language": "bash", "code": "echo hi"}),
+    )
+    .await;
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("WASMBOX_MAX_CLOUD_SANDBOXES "),
+        "{e}"
+    );
+    assert_eq!(fake.live_sandboxes().len(), 2, "none made past the cap");
+    assert_eq!(fake.count("POST", "/v1/sandboxes"), 2);
+    ok(&c, "delete_sandbox", json!({"id": first})).await;
+    create_sandbox(&c, cloud.clone()).await;
+    c.cancel().await.unwrap();
+
+    // Per owner, with the defaults (4 per token of 8).
+    let c = server_with_env(&[("HOPX_API_KEY", API_KEY), ("HOPX_BASE_URL", &base)]).await;
+    for _ in 0..4 {
+        create_sandbox(&c, cloud.clone()).await;
+    }
+    let e = err(&c, "create_sandbox", cloud.clone()).await;
+    let msg = e["exception"].as_str().unwrap();
+    assert!(
+        msg.contains("WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN") && msg.contains("(4"),
+        "{msg}"
+    );
+    assert_eq!(e["details"]["error_type"], "SandboxLimitError", "{e}");
+    fake.assert_clean();
+    c.cancel().await.unwrap();
+}
+
+/// A cloud sandbox's lifetime is HOPX's own safety net: it is always sent, at most
+/// `WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT` (1 h by default); asking for more is refused before any
+/// request, with the maximum in the message.
+#[tokio::test]
+async fn cloud_sandbox_lifetimes_are_capped_and_always_sent() {
+    let fake = FakeHopx::start().await;
+    let base = fake.base_url();
+    let c = server_with_env(&[("HOPX_API_KEY", API_KEY), ("HOPX_BASE_URL", &base)]).await;
+    let e = err(
+        &c,
+        "create_sandbox",
+        json!({"internet_access": true, "timeout_seconds": 7200}),
+    )
+    .await;
+    let msg = e["exception"].as_str().unwrap();
+    assert!(
+        msg.contains("7200")
+            && msg.contains("3600")
+            && msg.contains("WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT"),
+        "{msg}"
+    );
+    assert_eq!(e["details"]["error_type"], "InvalidArgument", "{e}");
+    assert_eq!(
+        fake.count("POST", "/v1/sandboxes"),
+        0,
+        "refused before HOPX"
+    );
+
+    let s = ok(&c, "create_sandbox", json!({"internet_access": true})).await;
+    assert_eq!(s["timeout_seconds"], 3600, "{s}");
+    let s = ok(
+        &c,
+        "create_sandbox",
+        json!({"template_id": "base", "timeout_seconds": 600}),
+    )
+    .await;
+    assert_eq!(s["timeout_seconds"], 600, "{s}");
+    // One-shots in a cloud template and bash one-shots.
+    ok(
+        &c,
+        "execute_code_isolated",
+        json!({"language": "python", "code": "print(1)", "template_name": "base"}),
+    )
+    .await;
+    ok(
+        &c,
+        "execute_code",
+        json!({"language": "bash", "code": "echo hi"}),
+    )
+    .await;
+    let sent: Vec<_> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path == "/v1/sandboxes")
+        .map(|r| r.json()["timeout_seconds"].as_u64())
+        .collect();
+    assert_eq!(sent.len(), 4);
+    assert_eq!(&sent[..2], [Some(3600), Some(600)]);
+    for t in &sent[2..] {
+        assert!(t.is_some_and(|t| (1..=3600).contains(&t)), "{sent:?}");
+    }
+    c.cancel().await.unwrap();
+
+    // A lower maximum is honoured by one-shots too.
+    let c = server_with_env(&[
+        ("HOPX_API_KEY", API_KEY),
+        ("HOPX_BASE_URL", &base),
+        ("WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT", "300"),
+    ])
+    .await;
+    let e = err(
+        &c,
+        "create_sandbox",
+        json!({"internet_access": true, "timeout_seconds": 301}),
+    )
+    .await;
+    assert!(e["exception"].as_str().unwrap().contains("300"), "{e}");
+    ok(
+        &c,
+        "execute_code",
+        json!({"language": "bash", "code": "echo hi"}),
+    )
+    .await;
+    let last = fake
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|r| r.method == "POST" && r.path == "/v1/sandboxes")
+        .unwrap();
+    assert_eq!(last.json()["timeout_seconds"], 300);
+    fake.assert_clean();
+    c.cancel().await.unwrap();
+}

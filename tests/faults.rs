@@ -367,3 +367,85 @@ async fn scratch_of_a_killed_server_is_removed_by_the_next() {
         "a server that exits removes its root"
     );
 }
+
+/// The quarantined entries of `list_sandboxes`.
+async fn quarantined(c: &Client) -> Vec<Value> {
+    ok(c, "list_sandboxes", json!({})).await["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["status"] == "quarantined")
+        .cloned()
+        .collect()
+}
+
+/// A sandbox whose `meta.json` no longer parses (a torn write, a disk error, a hand edit) is
+/// not deleted at the next start, as it was: its directory is moved to `<data>/quarantine/`,
+/// listed to the local user with the reason until they delete it, and hidden from HTTP tokens
+/// (whose it was cannot be told any more).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupt_meta_json_is_quarantined_with_its_files_until_deleted() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, pid) = stdio(data.path(), &[]).await;
+    let id = create_sandbox(&c, json!({"template_id": "python", "timeout_seconds": 600})).await;
+    ok(
+        &c,
+        "file_write",
+        json!({"sandbox_id": id, "path": "/workspace/precious.txt", "content": "a day of work"}),
+    )
+    .await;
+    c.cancel().await.unwrap();
+    wait_gone(pid).await;
+    let dir = data.path().join("sandboxes").join(&id);
+    std::fs::write(dir.join("meta.json"), r#"{"id": "wb0123", "templ"#).unwrap();
+
+    let (c, pid) = stdio(data.path(), &[]).await;
+    let q = quarantined(&c).await;
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert_eq!(q[0]["sandbox_id"], id.as_str(), "{q:?}");
+    assert!(
+        q[0]["reason"].as_str().unwrap().contains("meta.json"),
+        "{q:?}"
+    );
+    let moved = std::path::PathBuf::from(q[0]["path"].as_str().unwrap());
+    assert!(
+        moved.starts_with(data.path().join("quarantine")),
+        "{moved:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(moved.join("workspace/precious.txt")).unwrap(),
+        "a day of work"
+    );
+    assert!(!dir.exists(), "moved aside, not left in place");
+    let e = err(&c, "get_sandbox", json!({"id": id})).await;
+    assert!(e.to_string().contains("not found"), "{e}");
+    c.cancel().await.unwrap();
+    wait_gone(pid).await;
+
+    // An HTTP token neither sees nor deletes it.
+    let token = "quarantine-token-aaaaaaaaaaaa";
+    let server = HttpServer::start(
+        &[
+            ("WASMBOX_TOKEN", token),
+            ("WASMBOX_DATA", data.path().to_str().unwrap()),
+        ],
+        &[],
+    )
+    .await;
+    let h = server.client(token).await.unwrap();
+    assert_eq!(ok(&h, "list_sandboxes", json!({})).await["data"], json!([]));
+    err(&h, "delete_sandbox", json!({"id": id})).await;
+    h.cancel().await.unwrap();
+    drop(server);
+    assert!(moved.join("workspace/precious.txt").is_file());
+
+    // Still there at the next start (nothing removes it on its own); delete_sandbox does.
+    let (c, _) = stdio(data.path(), &[]).await;
+    let q = quarantined(&c).await;
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert_eq!(q[0]["path"], moved.to_str().unwrap());
+    ok(&c, "delete_sandbox", json!({"id": id})).await;
+    assert!(!moved.exists(), "deleted on request");
+    assert!(quarantined(&c).await.is_empty());
+    err(&c, "delete_sandbox", json!({"id": id})).await;
+}

@@ -484,6 +484,69 @@ async fn async_execution_posts_a_signed_result_to_a_local_webhook() {
     c.cancel().await.unwrap();
 }
 
+/// A loopback HTTP server that answers every request with `reply` and counts requests.
+async fn counting_server(
+    reply: String,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            h.fetch_add(1, Ordering::SeqCst);
+            let reply = reply.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 65536];
+                let _ = sock.read(&mut buf).await;
+                let _ = sock.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    (url, hits)
+}
+
+/// A webhook that answers with a redirect gets nothing more: the signed result is not re-sent
+/// where the redirect points (a 307 would re-POST it), and the delivery is not retried.
+#[tokio::test]
+async fn webhook_redirects_are_not_followed() {
+    use std::sync::atomic::Ordering;
+    let c = server().await;
+    let (thief, stolen) = counting_server(
+        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}".into(),
+    )
+    .await;
+    let (hook, hits) = counting_server(format!(
+        "HTTP/1.1 307 Temporary Redirect\r\nlocation: {thief}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    ))
+    .await;
+    ok(
+        &c,
+        "execute_code_async",
+        json!({"code": "print(42)", "callback_url": hook}),
+    )
+    .await;
+    let t = Instant::now();
+    while hits.load(Ordering::SeqCst) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the webhook was never called"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Retries come after 1 s and 2 s; a followed redirect at once.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(
+        stolen.load(Ordering::SeqCst),
+        0,
+        "the redirect was followed"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "a redirect is not retried");
+    c.cancel().await.unwrap();
+}
+
 #[tokio::test]
 async fn rich_mode_returns_plots_as_png_images_and_dataframes_as_html() {
     let c = server().await;

@@ -248,6 +248,88 @@ async fn webhooks_only_reach_allowed_targets() {
     c.cancel().await.unwrap();
 }
 
+/// `WASMBOX_WEBHOOK_ALLOW_ANY=1` opens webhooks to other hosts, not to the machine's private
+/// neighbourhood: link-local and cloud metadata, private and CGNAT ranges, unspecified and
+/// multicast addresses (also IPv4-mapped in IPv6) stay refused unless
+/// `WASMBOX_WEBHOOK_ALLOW_PRIVATE=1` is set too; loopback stays allowed. No case here sends
+/// anything off the machine: they are refused before a connection, and `0.0.0.0` (which Linux
+/// connects to the local host) goes first, so the code before the fix failed on it alone.
+#[tokio::test]
+async fn webhooks_under_allow_any_still_refuse_private_targets() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let c = server_with_env(&[("WASMBOX_WEBHOOK_ALLOW_ANY", "1"), ("WASMBOX_OFFLINE", "1")]).await;
+    let unspecified = format!("http://0.0.0.0:{port}/hook");
+    for url in [
+        unspecified.as_str(),
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fd00:ec2::254]/latest/meta-data/",
+        "http://100.100.100.200/latest/meta-data/",
+        "http://192.0.0.192/opc/v2/instance/",
+        "http://10.0.0.1/hook",
+        "http://172.16.5.4/",
+        "http://192.168.1.1/",
+        "http://100.64.0.1/",
+        "http://[fe80::1]/",
+        "http://[fc00::1]/",
+        "http://[::ffff:10.0.0.1]/",
+        "http://[::ffff:169.254.169.254]/",
+        "http://[::]/",
+        "http://224.0.0.1/",
+        "http://[ff02::1]/",
+        "http://255.255.255.255/",
+        "http://167772161/",
+    ] {
+        let r = call(
+            &c,
+            "execute_code_async",
+            json!({"code": "print(1)", "callback_url": url}),
+        )
+        .await;
+        assert!(is_error(&r), "{url} must be refused: {:?}", r.content);
+        let v = object(&r);
+        assert_eq!(v["error"], "Invalid callback_url", "{url}");
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("WASMBOX_WEBHOOK_ALLOW_PRIVATE"),
+            "{url}: {v}"
+        );
+    }
+    // Loopback is still fine.
+    let r = call(
+        &c,
+        "execute_code_async",
+        json!({"code": "print(1)", "callback_url": format!("http://127.0.0.1:{port}/hook")}),
+    )
+    .await;
+    assert!(!is_error(&r), "{:?}", r.content);
+    c.cancel().await.unwrap();
+
+    // Both switches: private targets are allowed (0.0.0.0 reaches the listener here).
+    let c = server_with_env(&[
+        ("WASMBOX_WEBHOOK_ALLOW_ANY", "1"),
+        ("WASMBOX_WEBHOOK_ALLOW_PRIVATE", "1"),
+        ("WASMBOX_OFFLINE", "1"),
+    ])
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let r = call(
+        &c,
+        "execute_code_async",
+        json!({"code": "print(1)", "callback_url": format!("http://0.0.0.0:{port}/hook")}),
+    )
+    .await;
+    assert!(!is_error(&r), "{:?}", r.content);
+    tokio::time::timeout(std::time::Duration::from_secs(60), listener.accept())
+        .await
+        .expect("the webhook was called")
+        .unwrap();
+    c.cancel().await.unwrap();
+}
+
 #[tokio::test]
 async fn the_key_never_appears_in_any_answer() {
     let c = server_for_attacks().await;

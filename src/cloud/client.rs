@@ -5,13 +5,13 @@
 //! `/commands/run` or sandbox creation after a 5xx or a timeout can run code twice or leave a
 //! second sandbox behind.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -25,6 +25,12 @@ pub const DEFAULT_BASE_URL: &str = "https://api.hopx.dev";
 
 /// The default template of one-shots, as hopx-mcp uses it.
 pub const ONESHOT_TEMPLATE: &str = "code-interpreter";
+
+/// The most of a control-plane reply that is read: its JSON is small (a sandbox, a page of them).
+pub const CONTROL_REPLY_CAP: usize = 1 << 20;
+
+/// The most of an agent reply that is read: run output and file contents come this way.
+pub const AGENT_REPLY_CAP: usize = 16 << 20;
 
 /// A credential (the API key, a sandbox token). `Debug` and `Display` print `***`, so a secret
 /// cannot leak through logs or error formatting by accident; [`Secret::expose`] is the one way out.
@@ -62,8 +68,9 @@ impl fmt::Display for Secret {
     }
 }
 
-/// Cloud settings. [`CloudConfig::from_env`] reads `HOPX_API_KEY`, `HOPX_BASE_URL` and
-/// `WASMBOX_OFFLINE`; the timing fields exist so tests can run in milliseconds.
+/// Cloud settings. [`CloudConfig::from_env`] reads `HOPX_API_KEY`, `HOPX_BASE_URL`,
+/// `WASMBOX_OFFLINE` and the cloud sandbox limits; the timing fields exist so tests can run in
+/// milliseconds.
 #[derive(Clone, Debug)]
 pub struct CloudConfig {
     pub api_key: Option<Secret>,
@@ -85,6 +92,14 @@ pub struct CloudConfig {
     pub retry_delay: Duration,
     /// Cap on a delay, including a server's 429 `retry_after_seconds`.
     pub max_retry_delay: Duration,
+    /// Cloud sandboxes alive at once, in all and per owner (`WASMBOX_MAX_CLOUD_SANDBOXES`,
+    /// `WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN`): each one runs on the user's HOPX bill.
+    pub max_sandboxes: usize,
+    pub max_sandboxes_per_owner: usize,
+    /// The longest lifetime a cloud sandbox may ask for, and the one it gets when it asks for
+    /// none (`WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT`, seconds): HOPX deletes it then, even if our
+    /// DELETE never arrives.
+    pub max_sandbox_timeout_secs: u64,
 }
 
 impl Default for CloudConfig {
@@ -100,6 +115,9 @@ impl Default for CloudConfig {
             max_attempts: 3,
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(10),
+            max_sandboxes: 8,
+            max_sandboxes_per_owner: 4,
+            max_sandbox_timeout_secs: 3600,
         }
     }
 }
@@ -126,12 +144,40 @@ impl CloudConfig {
                 "1" | "true" | "yes" | "on"
             )
         });
+        let num = |k: &str| get(k).and_then(|v| v.trim().parse::<u64>().ok());
+        let d = CloudConfig::default();
         CloudConfig {
             api_key,
             base_url,
             offline,
-            ..Default::default()
+            max_sandboxes: num("WASMBOX_MAX_CLOUD_SANDBOXES")
+                .map_or(d.max_sandboxes, |n| n as usize),
+            max_sandboxes_per_owner: num("WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN")
+                .map_or(d.max_sandboxes_per_owner, |n| n as usize),
+            max_sandbox_timeout_secs: num("WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT")
+                .filter(|&n| n > 0)
+                .unwrap_or(d.max_sandbox_timeout_secs),
+            ..d
         }
+    }
+
+    /// The lifetime a new cloud sandbox gets: what it asks for within the maximum, the maximum
+    /// when it asks for nothing; never none, so HOPX always ends it by itself.
+    pub fn sandbox_timeout(&self, asked: Option<u64>) -> Result<u64, CloudError> {
+        let max = self.max_sandbox_timeout_secs;
+        match asked {
+            None => Ok(max),
+            Some(t) if t == 0 || t > max => Err(CloudError::BadTimeout { asked: t, max }),
+            Some(t) => Ok(t),
+        }
+    }
+
+    /// A one-shot's sandbox lifetime: ten minutes, or the run and two more, within the maximum.
+    /// We delete it when the run ends; this is only for a DELETE that gets lost.
+    pub fn oneshot_timeout(&self, run: Duration) -> u64 {
+        600u64
+            .max(run.as_secs() + 120)
+            .min(self.max_sandbox_timeout_secs)
     }
 
     /// The key, or the error that says why the cloud cannot run `reason`.
@@ -351,6 +397,44 @@ pub struct Cloud {
 struct Inner {
     cfg: CloudConfig,
     http: reqwest::Client,
+    live: Mutex<Live>,
+}
+
+/// Places taken by live cloud sandboxes: in all, and by owner.
+#[derive(Default)]
+struct Live {
+    total: usize,
+    by_owner: HashMap<String, usize>,
+}
+
+/// One live cloud sandbox's place within the limits, given back when dropped: hold it for as
+/// long as the sandbox exists.
+pub struct CloudSlot {
+    cloud: Cloud,
+    owner: Option<String>,
+}
+
+impl fmt::Debug for CloudSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CloudSlot")
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl Drop for CloudSlot {
+    fn drop(&mut self) {
+        let mut live = self.cloud.inner.live.lock().unwrap();
+        live.total -= 1;
+        if let Some(o) = &self.owner
+            && let Some(n) = live.by_owner.get_mut(o)
+        {
+            *n -= 1;
+            if *n == 0 {
+                live.by_owner.remove(o);
+            }
+        }
+    }
 }
 
 impl fmt::Debug for Cloud {
@@ -415,14 +499,46 @@ impl Reply {
 
 impl Cloud {
     pub fn new(cfg: CloudConfig) -> Result<Self, CloudError> {
+        // No redirects: reqwest keeps custom headers (X-API-Key) across hosts, and a 307 would
+        // resend a code run wherever it points. A 3xx is an error naming HOPX_BASE_URL.
         let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(10).min(cfg.request_timeout))
             .user_agent(concat!("wasmbox/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| CloudError::Setup(e.to_string()))?;
         tracing::debug!(config = ?cfg, "HOPX client ready");
         Ok(Cloud {
-            inner: Arc::new(Inner { cfg, http }),
+            inner: Arc::new(Inner {
+                cfg,
+                http,
+                live: Mutex::default(),
+            }),
+        })
+    }
+
+    /// Takes a place for one more live cloud sandbox, within the limits in all and, for an
+    /// `owner`, per owner (one-shots, whose owner this client does not know, count in all).
+    pub fn reserve(&self, owner: Option<&str>) -> Result<CloudSlot, CloudError> {
+        let cfg = &self.inner.cfg;
+        let mut live = self.inner.live.lock().unwrap();
+        if live.total >= cfg.max_sandboxes {
+            return Err(CloudError::TooManySandboxes {
+                max: cfg.max_sandboxes,
+            });
+        }
+        if let Some(o) = owner {
+            if live.by_owner.get(o).copied().unwrap_or(0) >= cfg.max_sandboxes_per_owner {
+                return Err(CloudError::TooManyForOwner {
+                    max: cfg.max_sandboxes_per_owner,
+                });
+            }
+            *live.by_owner.entry(o.to_string()).or_default() += 1;
+        }
+        live.total += 1;
+        Ok(CloudSlot {
+            cloud: self.clone(),
+            owner: owner.map(String::from),
         })
     }
 
@@ -438,8 +554,12 @@ impl Cloud {
         format!("{}{path}", self.inner.cfg.base_url)
     }
 
-    /// `POST /v1/sandboxes`. Never retried (a retry can create a second sandbox).
+    /// `POST /v1/sandboxes`. Never retried (a retry can create a second sandbox). The lifetime
+    /// is always sent, and at most the configured maximum.
     pub async fn create_sandbox(&self, req: &CreateSandbox) -> Result<SandboxInfo, CloudError> {
+        let mut req = req.clone();
+        req.timeout_seconds = Some(self.inner.cfg.sandbox_timeout(req.timeout_seconds)?);
+        let req = &req;
         let reply = self
             .call(Call {
                 op: "sandbox creation",
@@ -569,6 +689,7 @@ impl Cloud {
 
     /// Runs `body` in a new sandbox and deletes the sandbox afterwards, on success, on error, on
     /// timeout and when this future is dropped (the deletion is then spawned on the runtime).
+    /// The sandbox holds a place within [`Cloud::reserve`]'s limit in all while it lives.
     pub async fn with_sandbox<T, F, Fut>(
         &self,
         req: &CreateSandbox,
@@ -578,6 +699,7 @@ impl Cloud {
         F: FnOnce(Sandbox) -> Fut,
         Fut: Future<Output = Result<T, CloudError>>,
     {
+        let _slot = self.reserve(None)?;
         let info = self.create_sandbox(req).await?;
         let mut guard = DeleteGuard {
             cloud: self.clone(),
@@ -604,7 +726,7 @@ impl Cloud {
         let create = CreateSandbox {
             template: ONESHOT_TEMPLATE.into(),
             // The server deletes it by itself if our DELETE is lost.
-            timeout_seconds: Some(600u64.max(timeout.as_secs() + 120)),
+            timeout_seconds: Some(self.inner.cfg.oneshot_timeout(timeout)),
             internet_access: Some(true),
             ..Default::default()
         };
@@ -751,14 +873,45 @@ impl Cloud {
                 .min(cfg.max_retry_delay);
             let started = Instant::now();
             let sent = match rb.send().await {
-                Ok(resp) => {
+                Ok(mut resp) => {
                     let status = resp.status();
                     let retry_after = resp
                         .headers()
                         .get(RETRY_AFTER)
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<u64>().ok());
-                    resp.bytes().await.map(|body| (status, retry_after, body))
+                    if status.is_redirection() {
+                        let ms = started.elapsed().as_millis() as u64;
+                        tracing::debug!(op = c.op, method = %c.method, path, status = status.as_u16(), ms, attempt, "HOPX redirect refused");
+                        let to: String =
+                            resp.headers().get(LOCATION).map_or("nowhere".into(), |v| {
+                                String::from_utf8_lossy(v.as_bytes())
+                                    .chars()
+                                    .take(200)
+                                    .collect()
+                            });
+                        return Err(CloudError::Redirect {
+                            op: c.op,
+                            status: status.as_u16(),
+                            location: self.scrub(&to, &c.auth),
+                        });
+                    }
+                    let cap = match c.auth {
+                        Auth::Key => CONTROL_REPLY_CAP,
+                        Auth::Token(_) => AGENT_REPLY_CAP,
+                    };
+                    match read_capped(&mut resp, cap).await {
+                        Ok((body, true)) => Ok((status, retry_after, body)),
+                        Ok((_, false)) => {
+                            let ms = started.elapsed().as_millis() as u64;
+                            tracing::debug!(op = c.op, method = %c.method, path, status = status.as_u16(), ms, attempt, "HOPX reply over its cap");
+                            return Err(CloudError::TooLarge {
+                                op: c.op,
+                                limit: cap,
+                            });
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
                 Err(e) => Err(e),
             };
@@ -838,6 +991,28 @@ impl Cloud {
         }
         out
     }
+}
+
+/// Reads a reply's body, at most `cap` bytes: with `true` the whole body, with `false` the body
+/// is longer (its `Content-Length` says so, or reading found out) and the rest was never read.
+/// Replies come from servers we do not control; `bytes()` would buffer whatever they send.
+pub(crate) async fn read_capped(
+    resp: &mut reqwest::Response,
+    cap: usize,
+) -> reqwest::Result<(bytes::Bytes, bool)> {
+    if resp.content_length().is_some_and(|n| n > cap as u64) {
+        return Ok((bytes::Bytes::new(), false));
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = resp.chunk().await? {
+        let room = cap - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body.freeze(), false));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body.freeze(), true))
 }
 
 fn sensitive(v: &str) -> Result<HeaderValue, CloudError> {
@@ -1622,6 +1797,69 @@ mod tests {
         assert!(c.api_key.is_none());
         assert_eq!(c.base_url, DEFAULT_BASE_URL);
         assert!(!c.offline);
+        assert_eq!(
+            (c.max_sandboxes, c.max_sandboxes_per_owner),
+            (8, 4),
+            "defaults"
+        );
+        assert_eq!(c.sandbox_timeout(None).unwrap(), 3600);
+        assert_eq!(c.sandbox_timeout(Some(3600)).unwrap(), 3600);
+        assert!(c.sandbox_timeout(Some(3601)).is_err());
+        assert!(c.sandbox_timeout(Some(0)).is_err());
+        assert_eq!(c.oneshot_timeout(Duration::from_secs(30)), 600);
+        assert_eq!(c.oneshot_timeout(Duration::from_secs(900)), 1020);
+
+        let c = CloudConfig::from_vars(vars(&[
+            ("WASMBOX_MAX_CLOUD_SANDBOXES", "2"),
+            ("WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN", " 1 "),
+            ("WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT", "300"),
+        ]));
+        assert_eq!((c.max_sandboxes, c.max_sandboxes_per_owner), (2, 1));
+        assert_eq!(c.sandbox_timeout(None).unwrap(), 300);
+        let e = c.sandbox_timeout(Some(301)).unwrap_err().to_string();
+        assert!(
+            e.contains("at most 300 s") && e.contains("WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT"),
+            "{e}"
+        );
+        assert_eq!(c.oneshot_timeout(Duration::from_secs(30)), 300);
+        // Nonsense keeps the default; a lifetime of 0 would be none at all.
+        let c = CloudConfig::from_vars(vars(&[
+            ("WASMBOX_MAX_CLOUD_SANDBOXES", "many"),
+            ("WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT", "0"),
+        ]));
+        assert_eq!((c.max_sandboxes, c.max_sandbox_timeout_secs), (8, 3600));
+    }
+
+    #[test]
+    fn places_are_limited_in_all_and_per_owner_and_given_back() {
+        let cloud = Cloud::new(CloudConfig {
+            max_sandboxes: 3,
+            max_sandboxes_per_owner: 2,
+            ..CloudConfig::default()
+        })
+        .unwrap();
+        let a1 = cloud.reserve(Some("a")).unwrap();
+        let _a2 = cloud.reserve(Some("a")).unwrap();
+        assert!(matches!(
+            cloud.reserve(Some("a")),
+            Err(CloudError::TooManyForOwner { max: 2 })
+        ));
+        let _b = cloud.reserve(Some("b")).unwrap();
+        assert!(matches!(
+            cloud.reserve(None),
+            Err(CloudError::TooManySandboxes { max: 3 })
+        ));
+        // A refusal in all takes no per-owner place either.
+        assert!(matches!(
+            cloud.reserve(Some("c")),
+            Err(CloudError::TooManySandboxes { .. })
+        ));
+        drop(a1);
+        let _one_shot = cloud.reserve(None).unwrap();
+        drop(_one_shot);
+        let _a3 = cloud.reserve(Some("a")).unwrap();
+        let live = cloud.inner.live.lock().unwrap();
+        assert_eq!((live.total, live.by_owner.get("c")), (3, None));
     }
 
     #[test]

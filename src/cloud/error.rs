@@ -100,6 +100,44 @@ pub enum CloudError {
 
     #[error("could not set up the HTTP client for HOPX: {0}")]
     Setup(String),
+
+    /// A 3xx from either plane. Following it would send the key or a token (and a code run's
+    /// body, on a 307) wherever the reply points.
+    #[error(
+        "HOPX answered {op} with a redirect ({status}) to {location}; wasmbox does not follow \
+         redirects, so the API key and sandbox tokens only ever go to HOPX_BASE_URL: check \
+         HOPX_BASE_URL (https, the API's own host)"
+    )]
+    Redirect {
+        op: &'static str,
+        status: u16,
+        location: String,
+    },
+
+    /// A reply over its cap: reading stopped there.
+    #[error(
+        "HOPX sent more than {} MiB in reply to {op}; wasmbox stopped reading it",
+        limit >> 20
+    )]
+    TooLarge { op: &'static str, limit: usize },
+
+    #[error(
+        "too many live HOPX cloud sandboxes ({max}, the limit; WASMBOX_MAX_CLOUD_SANDBOXES \
+         raises it): delete one with delete_sandbox, or wait for a running cloud one-shot to end"
+    )]
+    TooManySandboxes { max: usize },
+
+    #[error(
+        "this client already holds the most live HOPX cloud sandboxes it may ({max}; \
+         WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN raises it): delete one with delete_sandbox"
+    )]
+    TooManyForOwner { max: usize },
+
+    #[error(
+        "Invalid timeout_seconds {asked}: a cloud sandbox may live at most {max} s \
+         (WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT sets the maximum); ask for {max} or less"
+    )]
+    BadTimeout { asked: u64, max: u64 },
 }
 
 fn retry_hint(after: Option<u64>) -> String {

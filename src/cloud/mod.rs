@@ -9,9 +9,10 @@ mod client;
 mod error;
 mod route;
 
+pub(crate) use client::read_capped;
 pub use client::{
-    Cloud, CloudConfig, CloudExec, CommandRequest, CreateSandbox, ExecuteRequest, FileEntry,
-    Sandbox, SandboxInfo, Secret,
+    AGENT_REPLY_CAP, CONTROL_REPLY_CAP, Cloud, CloudConfig, CloudExec, CloudSlot, CommandRequest,
+    CreateSandbox, ExecuteRequest, FileEntry, Sandbox, SandboxInfo, Secret,
 };
 pub use error::CloudError;
 pub use route::{

@@ -235,7 +235,7 @@ struct CreateSandboxArgs {
 struct ListSandboxesArgs {
     #[serde(default = "default_sandbox_limit")]
     limit: i64,
-    /// running or paused.
+    /// running, paused or quarantined (unreadable sandboxes kept at start; stdio only).
     #[serde(default)]
     status: Option<String>,
     #[serde(default)]
@@ -1333,7 +1333,15 @@ impl WasmboxServer {
                     } else if unavailable {
                         (e.to_string(), "CloudUnavailable")
                     } else {
-                        (e.to_string(), "CloudError")
+                        use crate::cloud::CloudError as C;
+                        let kind = match &e {
+                            Error::Cloud(
+                                C::TooManySandboxes { .. } | C::TooManyForOwner { .. },
+                            ) => "SandboxLimitError",
+                            Error::Cloud(C::BadTimeout { .. }) => "InvalidArgument",
+                            _ => "CloudError",
+                        };
+                        (e.to_string(), kind)
                     };
                     error_result(json!({
                         "error": "Failed to create sandbox",
@@ -1408,6 +1416,20 @@ impl WasmboxServer {
                 "created_at": crate::sandbox::fs::rfc3339(c.created_at),
                 "location": "cloud",
             }));
+        }
+        // Unreadable sandboxes moved aside at start (the local user only): kept until deleted.
+        if a.status.as_deref().is_none_or(|st| st == "quarantined") {
+            for q in self.wasmbox.sandboxes().quarantined(&self.owner) {
+                data.push(json!({
+                    "sandbox_id": q.id,
+                    "status": "quarantined",
+                    "reason": q.reason,
+                    "quarantined_at": crate::sandbox::fs::rfc3339(q.quarantined_at),
+                    "path": q.path,
+                    "location": "local",
+                    "message": "its files were kept; delete_sandbox removes them",
+                }));
+            }
         }
         if a.limit > 0 {
             data.truncate(a.limit as usize);

@@ -10,6 +10,11 @@
 //! unexpired sandboxes whose lock it can take — their files, not their interpreters' state — and
 //! removes expired ones. Locks die with their process, so two servers sharing a data directory
 //! never adopt each other's live sandboxes.
+//!
+//! A sandbox that cannot be adopted for another reason (its `meta.json` does not parse or does
+//! not match, its workspace does not open) is never deleted: its directory is moved to
+//! `<data>/quarantine/<id>-<unix time>/` with the reason, listed to the local user and removed
+//! only by `delete_sandbox`.
 
 pub mod fs;
 pub mod jobs;
@@ -129,6 +134,8 @@ pub enum SandboxError {
     TooManyForOwner(usize),
     #[error("creating the sandbox's workspace failed: {0}")]
     Io(#[from] std::io::Error),
+    #[error("deleting the quarantined sandbox's files failed: {0}")]
+    Quarantine(std::io::Error),
 }
 
 /// A session slot: the live session, or why the last one ended (said once, on the next call).
@@ -163,6 +170,55 @@ struct Meta {
     expires_at_ms: u64,
     paused: bool,
     env: BTreeMap<String, String>,
+}
+
+/// Why a directory was quarantined, kept beside its files (`quarantine.json`).
+#[derive(Serialize, Deserialize)]
+struct QuarantineNote {
+    id: String,
+    reason: String,
+}
+
+/// A sandbox directory that could not be adopted, moved aside with its files.
+#[derive(Debug, Clone)]
+pub struct Quarantined {
+    pub id: String,
+    pub reason: String,
+    pub quarantined_at: SystemTime,
+    /// Where its files are (`workspace/`, `tmp/`, the unreadable `meta.json`).
+    pub path: PathBuf,
+}
+
+/// Writes `path` so that a crash or a concurrent writer leaves the old or the new content,
+/// never a mix: a temp file of a unique name beside it, synced, renamed over it, and the
+/// directory synced so the rename itself survives a power cut.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(
+        "{name}.{}-{}.tmp",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let written = (|| {
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+        let mut f = o.open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// A persistent sandbox's claim on its directory: the locked `lock` file, held while it lives.
@@ -221,6 +277,8 @@ pub struct Sandbox {
     pub executions: AtomicU64,
     max_running_jobs: usize,
     max_kept_jobs: usize,
+    /// Held across a whole [`Sandbox::save`], so the last file written has the newest state.
+    saving: Mutex<()>,
 }
 
 impl Sandbox {
@@ -280,6 +338,7 @@ impl Sandbox {
         if self.claim.is_none() {
             return;
         }
+        let _saving = self.saving.lock().unwrap();
         let meta = {
             let l = self.lifetime.lock().unwrap();
             Meta {
@@ -293,12 +352,10 @@ impl Sandbox {
                 env: self.env.lock().unwrap().clone(),
             }
         };
-        let dir = self.fs.host_root();
-        let tmp = dir.join("meta.json.tmp");
+        let path = self.fs.host_root().join("meta.json");
         let written = serde_json::to_vec_pretty(&meta)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
-            .and_then(|()| std::fs::rename(&tmp, dir.join("meta.json")));
+            .and_then(|bytes| write_atomic(&path, &bytes));
         if let Err(e) = written {
             tracing::warn!(sandbox = %self.id, "saving the sandbox's metadata: {e}");
         }
@@ -463,6 +520,92 @@ impl Sandboxes {
         matches!(self.root, Root::Data(_))
     }
 
+    /// `<data>/quarantine`, beside `<data>/sandboxes`.
+    fn quarantine_root(&self) -> Option<PathBuf> {
+        match &self.root {
+            Root::Data(d) => d.parent().map(|p| p.join("quarantine")),
+            Root::Temp(_) => None,
+        }
+    }
+
+    /// Moves sandbox `id`'s directory (whose lock the caller holds) aside instead of deleting
+    /// it: a sandbox that cannot be read may still hold someone's work.
+    fn quarantine(&self, id: &str, dir: &Path, why: &str) {
+        let Some(root) = self.quarantine_root() else {
+            return;
+        };
+        let secs = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let dest = root.join(format!("{id}-{secs}"));
+        let mut b = std::fs::DirBuilder::new();
+        b.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        if let Err(e) = b.create(&root).and_then(|()| std::fs::rename(dir, &dest)) {
+            tracing::warn!(sandbox = %id, "could not adopt the sandbox in {} ({why}) nor move it to {}: {e}; it is left where it is", dir.display(), root.display());
+            return;
+        }
+        let note = QuarantineNote {
+            id: id.to_string(),
+            reason: why.to_string(),
+        };
+        let noted = serde_json::to_vec_pretty(&note)
+            .map_err(std::io::Error::other)
+            .and_then(|b| write_atomic(&dest.join("quarantine.json"), &b));
+        if let Err(e) = noted {
+            tracing::warn!(sandbox = %id, "writing {}: {e}", dest.join("quarantine.json").display());
+        }
+        tracing::warn!(sandbox = %id, "quarantined a sandbox left by an earlier run: {why}; its files are in {} (list_sandboxes shows it over stdio, delete_sandbox removes it)", dest.display());
+    }
+
+    /// The quarantined sandboxes, for `owner`: the local user only, since whose they were is
+    /// unknown once their metadata is unreadable (an HTTP token sees none).
+    pub fn quarantined(&self, owner: &str) -> Vec<Quarantined> {
+        let Some(root) = self.quarantine_root().filter(|_| owner == LOCAL_OWNER) else {
+            return Vec::new();
+        };
+        let mut out: Vec<Quarantined> = std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let (id, secs) = name.split_at_checked(34)?;
+                let secs: u64 = secs.strip_prefix('-')?.parse().ok()?;
+                if !valid_id(id) || !e.path().is_dir() {
+                    return None;
+                }
+                let reason = std::fs::read(e.path().join("quarantine.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<QuarantineNote>(&b).ok())
+                    .map_or_else(
+                        || "unknown (quarantine.json unreadable)".into(),
+                        |n| n.reason,
+                    );
+                Some(Quarantined {
+                    id: id.to_string(),
+                    reason,
+                    quarantined_at: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
+                    path: e.path(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|q| q.quarantined_at);
+        out
+    }
+
+    /// Deletes `owner`'s quarantined copies of sandbox `id`; whether there were any.
+    fn remove_quarantined(&self, id: &str, owner: &str) -> std::io::Result<bool> {
+        let mut found = false;
+        for q in self.quarantined(owner).into_iter().filter(|q| q.id == id) {
+            std::fs::remove_dir_all(&q.path)?;
+            tracing::info!(sandbox = %id, "quarantined sandbox {} deleted", q.path.display());
+            found = true;
+        }
+        Ok(found)
+    }
+
     /// Adopts every unexpired sandbox left in the data directory by a server that is gone.
     fn recover(&self) {
         if !self.persistent() {
@@ -489,8 +632,8 @@ impl Sandboxes {
     }
 
     /// Takes over sandbox `id` from the data directory when no live process holds it: its files
-    /// and settings come back (interpreter state does not); an expired or unreadable one is
-    /// removed instead.
+    /// and settings come back (interpreter state does not); an expired one is removed, an
+    /// unreadable one quarantined.
     fn adopt(&self, id: &str) -> Option<Arc<Sandbox>> {
         if !self.persistent() || !valid_id(id) {
             return None;
@@ -513,13 +656,21 @@ impl Sandboxes {
                 tracing::warn!("removing {}: {e}", dir.display());
             }
         };
+        // Temp files of saves a crash interrupted; ours are unique, so any here are stale.
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            if n.starts_with("meta.json.") && n.ends_with(".tmp") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
         let meta: Meta = match std::fs::read(dir.join("meta.json"))
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
         {
             Ok(m) => m,
             Err(e) => {
-                remove(&format!("unreadable meta.json ({e})"));
+                self.quarantine(id, &dir, &format!("unreadable meta.json ({e})"));
                 return None;
             }
         };
@@ -529,13 +680,17 @@ impl Sandboxes {
             return None;
         }
         let Some(template) = template(&meta.template).filter(|_| meta.id == id) else {
-            remove("metadata does not match");
+            let why = format!(
+                "meta.json does not match (id {:?}, template {:?})",
+                meta.id, meta.template
+            );
+            self.quarantine(id, &dir, &why);
             return None;
         };
         let fs = match Workspace::open(&self.root(), id, self.config.quota) {
             Ok(fs) => fs,
             Err(e) => {
-                remove(&format!("workspace unusable ({e})"));
+                self.quarantine(id, &dir, &format!("workspace unusable ({e})"));
                 return None;
             }
         };
@@ -590,6 +745,7 @@ impl Sandboxes {
             executions: AtomicU64::new(0),
             max_running_jobs: self.config.max_running_jobs,
             max_kept_jobs: self.config.max_kept_jobs,
+            saving: Mutex::new(()),
         })
     }
 
@@ -705,10 +861,20 @@ impl Sandboxes {
         self.len() == 0
     }
 
-    /// Removes `owner`'s sandbox: its running code is stopped, its files deleted.
+    /// Removes `owner`'s sandbox: its running code is stopped, its files deleted; or its
+    /// quarantined copy, if that is what `owner` may see.
     pub fn delete(&self, id: &str, owner: &str) -> Result<(), SandboxError> {
-        self.get(id, owner)?;
-        self.remove(id)
+        match self.get(id, owner) {
+            Ok(_) => self.remove(id),
+            Err(SandboxError::NotFound(_))
+                if self
+                    .remove_quarantined(id, owner)
+                    .map_err(SandboxError::Quarantine)? =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn remove(&self, id: &str) -> Result<(), SandboxError> {
@@ -869,6 +1035,119 @@ mod tests {
         let other = Sandboxes::new(config(data.path())).unwrap();
         assert!(other.get(&kept, "token-a").is_err());
         assert!(other.list("token-a").is_empty());
+    }
+
+    #[test]
+    fn unreadable_sandboxes_are_quarantined_never_deleted() {
+        let data = tempfile::tempdir().unwrap();
+        let root = data.path().join("sandboxes");
+        let (bad_meta, bad_ws, other_id, ok) = {
+            let r = Sandboxes::new(config(data.path())).unwrap();
+            let mk = |owner| {
+                let sb = r
+                    .create("python", Some(600), BTreeMap::new(), owner)
+                    .unwrap();
+                std::fs::write(sb.fs.host_workspace().join("f.txt"), "work").unwrap();
+                sb.id.clone()
+            };
+            (
+                mk("token-a"),
+                mk("token-a"),
+                mk(LOCAL_OWNER),
+                mk(LOCAL_OWNER),
+            )
+        };
+        // A torn meta.json; a workspace that is a file; a meta.json naming another sandbox; and
+        // a stale temp file from an interrupted save beside a good one.
+        std::fs::write(root.join(&bad_meta).join("meta.json"), "{\"id\":").unwrap();
+        let ws = root.join(&bad_ws).join("workspace");
+        std::fs::remove_dir_all(&ws).unwrap();
+        std::fs::write(&ws, "not a directory").unwrap();
+        let m = root.join(&other_id).join("meta.json");
+        let text = std::fs::read_to_string(&m).unwrap().replace(&other_id, &ok);
+        std::fs::write(&m, text).unwrap();
+        let stale = root.join(&ok).join("meta.json.1234-abcd.tmp");
+        std::fs::write(&stale, "{").unwrap();
+
+        let r = Sandboxes::new(config(data.path())).unwrap();
+        assert!(r.get(&ok, LOCAL_OWNER).is_ok());
+        assert!(!stale.exists(), "stale temp files go");
+        let q = r.quarantined(LOCAL_OWNER);
+        let reason = |id: &str| {
+            q.iter()
+                .find(|q| q.id == id)
+                .unwrap_or_else(|| panic!("{id} not quarantined: {q:?}"))
+                .reason
+                .clone()
+        };
+        assert!(reason(&bad_meta).contains("unreadable meta.json"));
+        assert!(reason(&bad_ws).contains("workspace unusable"));
+        assert!(reason(&other_id).contains("does not match"));
+        assert_eq!(q.len(), 3, "{q:?}");
+        for q in &q {
+            assert!(!root.join(&q.id).exists());
+            assert!(q.path.starts_with(data.path().join("quarantine")));
+            assert!(q.path.join("meta.json").is_file(), "{q:?}");
+        }
+        let kept = q.iter().find(|q| q.id == bad_meta).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(kept.path.join("workspace/f.txt")).ok(),
+            Some("work".to_string())
+        );
+        // Tokens see none and delete none; the local user deletes them one by one.
+        assert!(r.quarantined("token-a").is_empty());
+        assert!(matches!(
+            r.delete(&bad_meta, "token-a"),
+            Err(SandboxError::NotFound(_))
+        ));
+        r.delete(&bad_meta, LOCAL_OWNER).unwrap();
+        assert_eq!(r.quarantined(LOCAL_OWNER).len(), 2);
+        assert!(matches!(
+            r.delete(&bad_meta, LOCAL_OWNER),
+            Err(SandboxError::NotFound(_))
+        ));
+        // A new registry neither re-adopts nor removes the rest.
+        drop(r);
+        let r = Sandboxes::new(config(data.path())).unwrap();
+        assert_eq!(r.quarantined(LOCAL_OWNER).len(), 2);
+    }
+
+    #[test]
+    fn saves_replace_meta_json_whole() {
+        let data = tempfile::tempdir().unwrap();
+        let r = Sandboxes::new(config(data.path())).unwrap();
+        let sb = r
+            .create("python", Some(600), BTreeMap::new(), LOCAL_OWNER)
+            .unwrap();
+        // Concurrent saves of growing env: every read parses, the last one wins, no temp left.
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let sb = &sb;
+                s.spawn(move || {
+                    for i in 0..25 {
+                        sb.env
+                            .lock()
+                            .unwrap()
+                            .insert(format!("K{t}_{i}"), "v".repeat(i));
+                        sb.save();
+                    }
+                });
+            }
+            let path = sb.fs.host_root().join("meta.json");
+            for _ in 0..50 {
+                let b = std::fs::read(&path).unwrap();
+                serde_json::from_slice::<Meta>(&b).unwrap();
+            }
+        });
+        let b = std::fs::read(sb.fs.host_root().join("meta.json")).unwrap();
+        assert_eq!(serde_json::from_slice::<Meta>(&b).unwrap().env.len(), 100);
+        let left: Vec<_> = std::fs::read_dir(sb.fs.host_root())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[test]

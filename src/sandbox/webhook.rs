@@ -1,8 +1,18 @@
 //! Async executions report to a webhook: the result is POSTed as JSON, signed with HMAC-SHA256
 //! over `<timestamp>.<body>` (headers `X-Wasmbox-Timestamp`, `X-Wasmbox-Signature:
 //! sha256=<hex>`), so a receiver can check it came from this server and is fresh.
+//!
+//! A webhook is a request this server makes from inside the user's network, so where it may go
+//! is checked twice: the URL when the call is made ([`check_url`]), and every address a host
+//! name resolves to when the result is delivered ([`client`]'s resolver), which is also where
+//! the connection then goes. A name that resolves (or is re-pointed, DNS rebinding) to a
+//! private address is refused like the address itself.
 
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
@@ -12,25 +22,165 @@ use sha2::Sha256;
 use crate::config::WebhookConfig;
 use crate::error::{Error, Result};
 
-/// Checks a callback URL: http(s), and a loopback host unless any host is allowed.
+/// The most of a webhook's reply that is read (for the log); the rest is never read.
+const REPLY_CAP: usize = 64 << 10;
+
+const LOOPBACK_ONLY: &str = "only loopback hosts (localhost, 127.0.0.0/8, ::1) are allowed; set WASMBOX_WEBHOOK_ALLOW_ANY=1 to allow others";
+
+/// Checks a callback URL: http(s); a loopback host unless any host is allowed; and then, for an
+/// address, none of the private kinds unless those are allowed too. Host names are checked
+/// again, by address, at delivery.
 pub fn check_url(url: &str, cfg: &WebhookConfig) -> Result<Url> {
     let bad = |why: &str| Error::Webhook(format!("Invalid callback_url {url:?}: {why}"));
     let parsed = Url::parse(url).map_err(|e| bad(&e.to_string()))?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(bad("only http and https URLs are allowed"));
     }
-    let loopback = match parsed.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+    let ip = match parsed.host() {
+        Some(url::Host::Domain(d)) => {
+            if !d.eq_ignore_ascii_case("localhost") && !cfg.allow_any_host {
+                return Err(bad(LOOPBACK_ONLY));
+            }
+            return Ok(parsed);
+        }
+        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
+        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
         None => return Err(bad("it has no host")),
     };
-    if !loopback && !cfg.allow_any_host {
-        return Err(bad(
-            "only loopback hosts (localhost, 127.0.0.0/8, ::1) are allowed; set WASMBOX_WEBHOOK_ALLOW_ANY=1 to allow others",
-        ));
-    }
+    check_ip(ip, cfg).map_err(|why| bad(&why))?;
     Ok(parsed)
+}
+
+/// Whether a webhook may reach `ip`, and if not, why.
+fn check_ip(ip: IpAddr, cfg: &WebhookConfig) -> std::result::Result<(), String> {
+    let ip = ip.to_canonical();
+    if ip.is_loopback() {
+        return Ok(());
+    }
+    if !cfg.allow_any_host {
+        return Err(LOOPBACK_ONLY.into());
+    }
+    match private_kind(ip) {
+        Some(kind) if !cfg.allow_private => Err(format!(
+            "{ip} is {kind}; such addresses stay refused under WASMBOX_WEBHOOK_ALLOW_ANY=1 unless WASMBOX_WEBHOOK_ALLOW_PRIVATE=1 is set too"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What makes `ip` (canonical: IPv4-mapped IPv6 is IPv4) an address inside the machine's
+/// networks rather than a host on the internet, if anything does.
+fn private_kind(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => private_v4(v4),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let embedded = |hi: usize| {
+                let (a, b) = (s[hi], s[hi + 1]);
+                Ipv4Addr::new((a >> 8) as u8, a as u8, (b >> 8) as u8, b as u8)
+            };
+            let via = |v4: Ipv4Addr, what: &'static str| {
+                (v4.is_loopback() || private_v4(v4).is_some()).then_some(what)
+            };
+            if v6.is_unspecified() {
+                Some("the unspecified address")
+            } else if s[0] & 0xfe00 == 0xfc00 {
+                Some("a unique local (private) address, like AWS's metadata fd00:ec2::254")
+            } else if s[0] & 0xffc0 == 0xfe80 || s[0] & 0xffc0 == 0xfec0 {
+                Some("a link-local address")
+            } else if s[0] & 0xff00 == 0xff00 {
+                Some("a multicast address")
+            } else if s[..6] == [0; 6] {
+                via(embedded(6), "an IPv4-compatible address of a private one")
+            } else if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..3] == [0x64, 0xff9b, 1] {
+                via(embedded(6), "a NAT64 address of a private one")
+            } else if s[0] == 0x2002 {
+                via(embedded(1), "a 6to4 address of a private one")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+fn private_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let [a, b, c, _] = ip.octets();
+    Some(match (a, b, c) {
+        (0, ..) => "the unspecified (\"this network\") address range 0.0.0.0/8",
+        (10, ..) | (192, 168, _) => "a private address",
+        (172, 16..=31, _) => "a private address",
+        (100, 64..=127, _) => "a shared (CGNAT) address, like Alibaba's metadata 100.100.100.200",
+        (169, 254, _) => "a link-local address, where cloud metadata services live",
+        (192, 0, 0) => "an IETF protocol address, like Oracle's metadata 192.0.0.192",
+        (224..=239, ..) => "a multicast address",
+        (240..=255, ..) => "a reserved or broadcast address",
+        _ => return None,
+    })
+}
+
+/// Host name lookups, replaceable in tests (which may not resolve anything real).
+type Lookup = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// A reqwest resolver that resolves with the system's resolver and hands reqwest only
+/// addresses that [`check_ip`] allows; one refused address refuses the name (a rebinding name
+/// may list a public address first and a private one next).
+struct Checked {
+    cfg: WebhookConfig,
+    lookup: Lookup,
+}
+
+/// Why a delivery was refused at resolution: found in the error's chain, it ends the delivery
+/// without retries.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Refused(String);
+
+impl reqwest::dns::Resolve for Checked {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_string();
+        let cfg = self.cfg.clone();
+        let found = (self.lookup)(host.clone());
+        Box::pin(async move {
+            let ips = found.await?;
+            if ips.is_empty() {
+                return Err(Refused(format!("{host} resolves to no address")).into());
+            }
+            for ip in &ips {
+                check_ip(*ip, &cfg).map_err(|why| Refused(format!("{host} resolves to {why}")))?;
+            }
+            let addrs = ips.into_iter().map(|ip| SocketAddr::new(ip, 0));
+            Ok(Box::new(addrs) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// The client that delivers webhooks: names resolve through [`Checked`]; no redirects (a 3xx
+/// is logged, not followed: a 307 would re-send the signed result wherever it points); no
+/// proxy (one would resolve the name where the check cannot see).
+pub fn client(cfg: &WebhookConfig) -> reqwest::Result<reqwest::Client> {
+    let lookup: Lookup = Arc::new(|host| {
+        Box::pin(async move {
+            let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            Ok(addrs.map(|a| a.ip()).collect())
+        })
+    });
+    client_with(cfg, lookup)
+}
+
+fn client_with(cfg: &WebhookConfig, lookup: Lookup) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .user_agent(concat!("wasmbox/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Arc::new(Checked {
+            cfg: cfg.clone(),
+            lookup,
+        }))
+        .build()
 }
 
 /// The signing key: configured, or a random one kept in `<cache>/webhook-secret` (mode 0600)
@@ -74,7 +224,7 @@ pub fn sign(key: &[u8], timestamp: u64, body: &[u8]) -> String {
 }
 
 /// POSTs `payload`, retrying a few times on network errors and 5xx (delivery is idempotent for
-/// us: the execution is not re-run).
+/// us: the execution is not re-run). A refused address or a redirect ends it at once.
 pub async fn deliver(client: &reqwest::Client, url: Url, key: &[u8], payload: serde_json::Value) {
     let body = serde_json::to_vec(&payload).expect("JSON always serialises");
     let id = payload["execution_id"].as_str().unwrap_or("").to_string();
@@ -95,17 +245,48 @@ pub async fn deliver(client: &reqwest::Client, url: Url, key: &[u8], payload: se
             .body(body.clone())
             .send()
             .await;
-        match sent {
+        let mut r = match sent {
             Ok(r) if r.status().is_success() => return,
-            Ok(r) if r.status().is_client_error() => {
-                tracing::warn!(execution = %id, "webhook {url} refused the result: {}", r.status());
-                return;
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(why) = refusal(&e) {
+                    tracing::warn!(execution = %id, "webhook {url} refused: {why}; the result was not delivered");
+                    return;
+                }
+                tracing::warn!(execution = %id, "webhook {url}: {e}");
+                continue;
             }
-            Ok(r) => tracing::warn!(execution = %id, "webhook {url}: {}", r.status()),
-            Err(e) => tracing::warn!(execution = %id, "webhook {url}: {e}"),
+        };
+        let status = r.status();
+        if status.is_redirection() {
+            let to = r.headers().get(reqwest::header::LOCATION);
+            let to = to.map_or("nowhere".into(), |v| String::from_utf8_lossy(v.as_bytes()));
+            tracing::warn!(execution = %id, "webhook {url} answered with a redirect ({status}) to {to}; redirects are not followed, so the result was not delivered");
+            return;
         }
+        let reply = match crate::cloud::read_capped(&mut r, REPLY_CAP).await {
+            Ok((b, _)) => String::from_utf8_lossy(&b).chars().take(200).collect(),
+            Err(_) => String::new(),
+        };
+        if status.is_client_error() {
+            tracing::warn!(execution = %id, "webhook {url} refused the result: {status} {reply}");
+            return;
+        }
+        tracing::warn!(execution = %id, "webhook {url}: {status} {reply}");
     }
     tracing::warn!(execution = %id, "webhook {url}: giving up after 3 attempts");
+}
+
+/// The resolver's refusal, if that is what ended a request.
+fn refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Refused> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(r) = err.downcast_ref::<Refused>() {
+            return Some(r);
+        }
+        cur = err.source();
+    }
+    None
 }
 
 #[cfg(test)]
@@ -116,6 +297,7 @@ mod tests {
     fn urls() {
         let local = WebhookConfig {
             allow_any_host: false,
+            allow_private: false,
             secret: None,
         };
         for ok in [
@@ -135,9 +317,183 @@ mod tests {
         }
         let any = WebhookConfig {
             allow_any_host: true,
+            allow_private: false,
             secret: None,
         };
         assert!(check_url("https://example.com/hook", &any).is_ok());
+        for ok in [
+            "http://8.8.8.8/",
+            "http://[2606:4700::1111]/",
+            "http://[::ffff:8.8.8.8]/",
+            "http://[2002:808:808::1]/",
+            "http://127.0.0.1:9/x",
+            "http://[::ffff:127.0.0.1]/",
+            "http://172.32.0.1/",
+            "http://100.128.0.1/",
+        ] {
+            assert!(check_url(ok, &any).is_ok(), "{ok}");
+        }
+        let private = [
+            "http://0.0.0.0/",
+            "http://0.1.2.3/",
+            "http://10.1.2.3/",
+            "http://172.31.255.255/",
+            "http://192.168.0.1/",
+            "http://100.64.0.1/",
+            "http://100.100.100.200/",
+            "http://169.254.169.254/",
+            "http://192.0.0.192/",
+            "http://224.0.0.251/",
+            "http://255.255.255.255/",
+            "http://0x0a000001/",
+            "http://[::]/",
+            "http://[fd00:ec2::254]/",
+            "http://[fe80::1]/",
+            "http://[fec0::1]/",
+            "http://[ff02::1]/",
+            "http://[::ffff:192.168.1.1]/",
+            "http://[::10.0.0.1]/",
+            "http://[64:ff9b::a9fe:a9fe]/",
+            "http://[2002:a00:1::1]/",
+        ];
+        for bad in private {
+            let e = check_url(bad, &any).unwrap_err().to_string();
+            assert!(e.contains("WASMBOX_WEBHOOK_ALLOW_PRIVATE"), "{bad}: {e}");
+        }
+        let both = WebhookConfig {
+            allow_private: true,
+            ..any
+        };
+        for ok in private {
+            assert!(check_url(ok, &both).is_ok(), "{ok}");
+        }
+        // ALLOW_PRIVATE alone opens nothing.
+        let e = check_url(
+            "http://10.1.2.3/",
+            &WebhookConfig {
+                allow_any_host: false,
+                ..both
+            },
+        );
+        assert!(e.unwrap_err().to_string().contains("only loopback"));
+    }
+
+    /// Names are checked by the addresses they resolve to, at delivery, and refused before any
+    /// connection. The lookup is a table here: nothing is resolved or sent for real, and the
+    /// one address that is connected to when allowed, 0.0.0.0, is the local host on Linux; it
+    /// goes first, so without the check the test fails there (a delivery arrives) and never
+    /// tries the others.
+    #[tokio::test]
+    async fn names_are_checked_by_the_addresses_they_resolve_to() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                h.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = sock.read(&mut buf).await;
+                    let _ = sock
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                });
+            }
+        });
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let table: std::collections::HashMap<&'static str, Vec<IpAddr>> = [
+            ("unspecified.test", vec![ip("0.0.0.0")]),
+            ("metadata.test", vec![ip("169.254.169.254")]),
+            ("rebind.test", vec![ip("127.0.0.1"), ip("10.0.0.7")]),
+            ("ula.test", vec![ip("fd00::1")]),
+            ("mapped.test", vec![ip("::ffff:192.168.1.1")]),
+            ("loop.test", vec![ip("127.0.0.1")]),
+        ]
+        .into_iter()
+        .collect();
+        let lookup: Lookup = Arc::new(move |host: String| {
+            let found = table.get(host.as_str()).cloned();
+            Box::pin(async move { found.ok_or_else(|| std::io::Error::other("unknown name")) })
+        });
+        let any = WebhookConfig {
+            allow_any_host: true,
+            allow_private: false,
+            secret: None,
+        };
+        let client = client_with(&any, lookup.clone()).unwrap();
+        let post = |c: &reqwest::Client, host: &str| {
+            c.post(format!("http://{host}:{port}/hook"))
+                .body("{}")
+                .send()
+        };
+        for host in [
+            "unspecified.test",
+            "metadata.test",
+            "rebind.test",
+            "ula.test",
+            "mapped.test",
+        ] {
+            let e = post(&client, host).await.unwrap_err();
+            let why = refusal(&e).unwrap_or_else(|| panic!("{host}: not refused: {e}"));
+            assert!(
+                why.0.contains("WASMBOX_WEBHOOK_ALLOW_PRIVATE"),
+                "{host}: {why}"
+            );
+        }
+        assert_eq!(
+            hits.load(Ordering::SeqCst),
+            0,
+            "a refused name was connected to"
+        );
+
+        // deliver gives up at once on a refusal (a retry would wait a second first).
+        let t = std::time::Instant::now();
+        let url = Url::parse(&format!("http://metadata.test:{port}/hook")).unwrap();
+        deliver(&client, url, b"k", serde_json::json!({})).await;
+        assert!(
+            t.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            t.elapsed()
+        );
+
+        // Allowed: a name for loopback; the unspecified one with both switches; and by default
+        // (loopback hosts only) a name must resolve to loopback alone.
+        assert!(
+            post(&client, "loop.test")
+                .await
+                .unwrap()
+                .status()
+                .is_success()
+        );
+        let both = WebhookConfig {
+            allow_private: true,
+            ..any.clone()
+        };
+        let c = client_with(&both, lookup.clone()).unwrap();
+        assert!(
+            post(&c, "unspecified.test")
+                .await
+                .unwrap()
+                .status()
+                .is_success()
+        );
+        let local = WebhookConfig {
+            allow_any_host: false,
+            ..both
+        };
+        let c = client_with(&local, lookup).unwrap();
+        assert!(post(&c, "loop.test").await.unwrap().status().is_success());
+        let e = post(&c, "rebind.test").await.unwrap_err();
+        assert!(
+            refusal(&e).is_some_and(|w| w.0.contains("only loopback")),
+            "{e}"
+        );
+        assert_eq!(hits.load(Ordering::SeqCst), 3);
     }
 
     #[test]

@@ -47,6 +47,14 @@ pub enum Fault {
     Status(u16, Value),
     /// Wait this long, then answer normally.
     Delay(Duration),
+    /// Answer with this 3xx status and `Location` (a server, or a man in the middle, that
+    /// bounces the client elsewhere).
+    Redirect(u16, String),
+    /// Answer 200 with a JSON object of about this many bytes (every field a reply may need, and
+    /// a long `content`), streamed in chunks with no `Content-Length`.
+    Huge(usize),
+    /// The same with a `Content-Length` header.
+    HugeSized(usize),
 }
 
 struct Rule {
@@ -312,6 +320,15 @@ async fn handle(
                 .into_response();
         }
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
+        Some(Fault::Redirect(code, location)) => {
+            return (
+                StatusCode::from_u16(code).unwrap(),
+                [("location", location)],
+            )
+                .into_response();
+        }
+        Some(Fault::Huge(n)) => return huge(n, false),
+        Some(Fault::HugeSized(n)) => return huge(n, true),
         None => {}
     }
     let mut s = st.lock().unwrap();
@@ -321,6 +338,28 @@ async fn handle(
     } else {
         control(&mut s, &rec)
     }
+}
+
+/// A valid JSON reply of about `n` bytes, built from one shared 64 KiB chunk.
+fn huge(n: usize, sized: bool) -> Response {
+    const CHUNK: usize = 64 << 10;
+    let head = r#"{"id":"huge","status":"running","data":[],"processes":[],"content":""#;
+    let chunks = n.saturating_sub(head.len() + 2).div_ceil(CHUNK);
+    let pad = Bytes::from(vec![b'a'; CHUNK]);
+    let parts: Vec<Bytes> = std::iter::once(Bytes::from_static(head.as_bytes()))
+        .chain(std::iter::repeat_n(pad, chunks))
+        .chain(std::iter::once(Bytes::from_static(b"\"}")))
+        .collect();
+    let len: usize = parts.iter().map(Bytes::len).sum();
+    let body = axum::body::Body::from_stream(futures::stream::iter(
+        parts.into_iter().map(Ok::<_, std::convert::Infallible>),
+    ));
+    let mut r = (StatusCode::OK, [("content-type", "application/json")], body).into_response();
+    if sized {
+        r.headers_mut()
+            .insert("content-length", len.to_string().parse().unwrap());
+    }
+    r
 }
 
 fn control(s: &mut St, rec: &Recorded) -> Response {
