@@ -80,7 +80,9 @@ impl Config {
     /// `WASMBOX_SANDBOX_DISK_MB`, `WASMBOX_SANDBOX_FILES`, `WASMBOX_SANDBOX_JOBS`,
     /// `WASMBOX_MAX_SANDBOXES_PER_TOKEN`, `WASMBOX_DATA` (sandboxes' files; `none`: a temporary
     /// directory, gone with the process),
-    /// `WASMBOX_WEBHOOK_ALLOW_ANY` and `WASMBOX_WEBHOOK_SECRET`.
+    /// `WASMBOX_WEBHOOK_ALLOW_ANY` and `WASMBOX_WEBHOOK_SECRET`. The Go runtime reads its own at
+    /// load: `WASMBOX_GO`, `WASMBOX_GO_CACHE_MB`, `WASMBOX_GO_MAX_WASM_MB` (largest built
+    /// program) and `WASMBOX_GOCACHE_MAX_AGE_DAYS` (GOCACHE trim; 0: left to Go).
     pub fn from_env() -> Self {
         let env_num = |name: &str| {
             std::env::var(name)
