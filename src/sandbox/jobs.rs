@@ -351,21 +351,28 @@ const NOTE_ROOM: usize = 512;
 /// A sandbox's account of its ended jobs' output, oldest first.
 pub struct KeptOutput {
     budget: usize,
-    state: Mutex<(VecDeque<(Weak<Job>, usize)>, usize)>,
+    state: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    /// Ended jobs and the bytes each keeps, oldest first.
+    jobs: VecDeque<(Weak<Job>, usize)>,
+    total: usize,
 }
 
 impl KeptOutput {
     pub fn new(budget: usize) -> Arc<Self> {
         Arc::new(Self {
             budget,
-            state: Mutex::new((VecDeque::new(), 0)),
+            state: Mutex::new(Kept::default()),
         })
     }
 
     /// Counts `job`'s `size` bytes; drops the oldest jobs' output while over the budget.
     fn ended(&self, job: &Arc<Job>, size: usize) {
         let mut st = self.state.lock().unwrap();
-        let (jobs, total) = &mut *st;
+        let Kept { jobs, total } = &mut *st;
         // Jobs the sandbox no longer lists (and nobody holds) are gone with their output.
         jobs.retain(|(j, n)| {
             let alive = j.strong_count() > 0;
@@ -389,7 +396,7 @@ impl KeptOutput {
 
     /// Output bytes counted now.
     pub fn total(&self) -> usize {
-        self.state.lock().unwrap().1
+        self.state.lock().unwrap().total
     }
 }
 
