@@ -236,6 +236,10 @@ def go_env(gocache: Path, home: Path) -> dict:
         "GOFLAGS": "",
         "GOENV": "off",
         "GOTELEMETRY": "off",
+        "GOWORK": "off",
+        "GOMAXPROCS": "2",
+        "GOMEMLIMIT": "1GiB",
+        "GOTMPDIR": str(home),
         "GOCACHE": str(gocache),
         "HOME": str(home),
         "PATH": "/usr/bin:/bin",
@@ -243,7 +247,11 @@ def go_env(gocache: Path, home: Path) -> dict:
 
 
 def go_prewarm(name: str, spec: dict, go: Path) -> None:
-    """Builds a blank-import program of the usual std packages once, so GOCACHE is warm."""
+    """Builds a blank-import program of the usual std packages once, so GOCACHE is warm.
+
+    The build goes to an empty cache whose entries are then moved into GOCACHE and listed in
+    `wasmbox-prewarm.files` (the token, then `xx/<name>` per line): the server trims GOCACHE
+    entries by age but keeps these (src/lang/go.rs: trim_gocache)."""
     flags = spec.get("prewarm_flags", [])
     pkgs = spec.get("prewarm", [])
     if not pkgs:
@@ -255,8 +263,10 @@ def go_prewarm(name: str, spec: dict, go: Path) -> None:
     ).stdout.strip()
     token = hashlib.sha256(json.dumps([version, flags, pkgs]).encode()).hexdigest()
     marker = gocache / "wasmbox-prewarm"
+    listing = gocache / "wasmbox-prewarm.files"
     try:
-        if marker.read_text().strip() == token:
+        # Warm, and with the exact list of entries (not one the server guessed: "<token> derived").
+        if marker.read_text().strip() == token and listing.read_text().split("\n", 1)[0] == token:
             log(f"{name}: GOCACHE {gocache} already warm for {version}")
             return
     except OSError:
@@ -264,7 +274,8 @@ def go_prewarm(name: str, spec: dict, go: Path) -> None:
     gocache.mkdir(parents=True, exist_ok=True)
     log(f"{name}: pre-warming GOCACHE {gocache} for {version} ({len(pkgs)} std packages; ~15-30 s once) ...")
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="wasmbox-goprewarm-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="wasmbox-goprewarm-", dir=gocache.parent) as tmp:
+        fresh = Path(tmp) / "go-build"
         src = Path(tmp) / "main.go"
         src.write_text(
             "package main\n\nimport (\n"
@@ -273,10 +284,20 @@ def go_prewarm(name: str, spec: dict, go: Path) -> None:
         )
         r = subprocess.run(
             [str(go), "build", *flags, "-o", os.devnull, "main.go"],
-            cwd=tmp, env=go_env(gocache, Path(tmp)),
+            cwd=tmp, env=go_env(fresh, Path(tmp)),
         )
-    if r.returncode != 0:
-        raise FetchError(f"{name}: pre-warming GOCACHE failed (go build exit {r.returncode})")
+        if r.returncode != 0:
+            raise FetchError(f"{name}: pre-warming GOCACHE failed (go build exit {r.returncode})")
+        names = []
+        for sub in sorted(fresh.iterdir()):
+            if not (sub.is_dir() and len(sub.name) == 2):
+                continue
+            for entry in sorted(sub.iterdir()):
+                if entry.name.endswith(("-a", "-d")):
+                    (gocache / sub.name).mkdir(exist_ok=True)
+                    os.replace(entry, gocache / sub.name / entry.name)
+                    names.append(f"{sub.name}/{entry.name}")
+    listing.write_text(token + "\n" + "".join(n + "\n" for n in names))
     marker.write_text(token + "\n")
     log(f"{name}: GOCACHE warm in {time.monotonic() - start:.1f}s")
 

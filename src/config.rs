@@ -98,6 +98,9 @@ impl Config {
     /// `WASMBOX_WEBHOOK_SECRET`, and for the HOPX cloud (read by [`CloudConfig::from_env`])
     /// `HOPX_API_KEY`, `HOPX_BASE_URL`, `WASMBOX_OFFLINE`, `WASMBOX_MAX_CLOUD_SANDBOXES`,
     /// `WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN` and `WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT` (seconds).
+    /// The Go runtime reads its own at load: `WASMBOX_GO`, `WASMBOX_GO_CACHE_MB`,
+    /// `WASMBOX_GO_MAX_WASM_MB` (largest built program) and `WASMBOX_GOCACHE_MAX_AGE_DAYS` (GOCACHE
+    /// trim; 0: left to Go).
     pub fn from_env() -> Self {
         let env_num = |name: &str| {
             std::env::var(name)

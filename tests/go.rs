@@ -313,3 +313,179 @@ async fn concurrent_requests_for_a_new_snippet_build_once() {
     assert_eq!(h["go_cache"]["builds"], 1, "{h}");
     c.cancel().await.unwrap();
 }
+
+/// A snippet that takes the toolchain many seconds to build (12,000 functions), new to every
+/// cache.
+fn slow_to_build() -> String {
+    let mut s = String::from("package main\n\nimport \"fmt\"\n\nvar sink int\n\n");
+    for i in 0..12_000 {
+        s.push_str(&format!(
+            "func f{i}(a, b int) int {{ s := 0; for j := 0; j < a; j++ {{ if j%{} == 0 {{ s += j*b ^ {i} }} else {{ s -= b >> 1 }} }}; return s + {i} }}\n",
+            i + 2
+        ));
+    }
+    s.push_str("func main() {\n");
+    for i in 0..12_000 {
+        s.push_str(&format!("\tsink += f{i}(sink, {i})\n"));
+    }
+    s.push_str(&format!("\tfmt.Println(sink, \"{}\")\n}}\n", nonce()));
+    s
+}
+
+/// The server's child processes (the Go toolchain while it builds).
+fn children(pid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        if let Ok(c) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(c.split_whitespace().map(str::to_string));
+        }
+    }
+    out
+}
+
+/// The Go build directories left in `tmp` (the server's TMPDIR).
+fn build_dirs(tmp: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![tmp.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("gobuild-") || name.starts_with("wasmbox-gobuild-") {
+                found.push(e.path().display().to_string());
+            } else if e.file_type().is_ok_and(|t| t.is_dir()) && name.starts_with("wasmbox-run-") {
+                stack.push(e.path());
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_background_go_job_still_building_is_killed_promptly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (c, pid) = server_with_pid(&[("TMPDIR", tmp.path().to_str().unwrap())]).await;
+    let id = create_sandbox(&c, json!({"template_id": "go"})).await;
+    let started = ok(
+        &c,
+        "execute_code",
+        json!({"mode": "background", "sandbox_id": id, "language": "go",
+               "code": slow_to_build(), "timeout": 120}),
+    )
+    .await;
+    let job = started["process_id"].as_str().unwrap().to_string();
+    // Well into the build: the toolchain runs.
+    let t = std::time::Instant::now();
+    while children(pid).is_empty() {
+        assert!(t.elapsed().as_secs() < 30, "the build never started");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    assert!(!build_dirs(tmp.path()).is_empty(), "building in TMPDIR");
+    let k = ok(
+        &c,
+        "execute_kill_process",
+        json!({"sandbox_id": id, "process_id": job}),
+    )
+    .await;
+    assert_eq!(k["status"], "killed", "{k}");
+    let killed_at = std::time::Instant::now();
+    let p = loop {
+        let list = ok(&c, "execute_list_processes", json!({"sandbox_id": id})).await;
+        let p = list["processes"][0].clone();
+        if p["status"] != "running" {
+            break p;
+        }
+        assert!(
+            killed_at.elapsed().as_secs() < 30,
+            "the kill did not stop the build: {p}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let took = killed_at.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "the build ended {took:?} after the kill"
+    );
+    assert_eq!(p["status"], "killed", "{p}");
+    assert_eq!(p["exit_code"], 137, "{p}");
+    assert!(p["stderr"].as_str().unwrap().contains("killed"), "{p}");
+    assert!(
+        children(pid).is_empty(),
+        "the toolchain's processes are gone"
+    );
+    assert_eq!(
+        build_dirs(tmp.path()),
+        Vec::<String>::new(),
+        "its files too"
+    );
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn deleting_a_sandbox_stops_a_go_build_in_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (c, pid) = server_with_pid(&[("TMPDIR", tmp.path().to_str().unwrap())]).await;
+    let id = create_sandbox(&c, json!({"template_id": "go"})).await;
+    let call = spawn_call(
+        &c,
+        "execute_code",
+        json!({"mode": "persistent", "sandbox_id": id, "language": "go",
+               "code": slow_to_build(), "timeout": 120}),
+    );
+    let t = std::time::Instant::now();
+    while children(pid).is_empty() {
+        assert!(t.elapsed().as_secs() < 30, "the build never started");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    ok(&c, "delete_sandbox", json!({"id": id})).await;
+    let deleted_at = std::time::Instant::now();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(30), call)
+        .await
+        .expect("the call returns")
+        .unwrap()
+        .unwrap();
+    let took = deleted_at.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "the build ended {took:?} after the deletion"
+    );
+    let r = object(&r);
+    assert_eq!(r["exit_code"], 137, "{r}");
+    assert_eq!(r["stage"], "compile", "{r}");
+    assert!(
+        r["stderr"].as_str().unwrap().contains("deleted"),
+        "{}",
+        r["stderr"]
+    );
+    assert!(children(pid).is_empty());
+    assert_eq!(build_dirs(tmp.path()), Vec::<String>::new());
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_built_program_over_the_size_cap_is_refused() {
+    // 1 MiB: a program that imports fmt is about 2.4 MiB.
+    let c = server_with_env(&[("WASMBOX_GO_MAX_WASM_MB", "1")]).await;
+    let r = go(
+        &c,
+        &format!(
+            "package main\n\nimport \"fmt\"\n\nfunc main() {{ fmt.Println(\"{}\") }}\n",
+            nonce()
+        ),
+    )
+    .await;
+    assert_eq!(r["stage"], "compile", "{r}");
+    assert_ne!(r["exit_code"], 0, "{r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("WASMBOX_GO_MAX_WASM_MB"),
+        "{r}"
+    );
+    c.cancel().await.unwrap();
+}

@@ -9,10 +9,11 @@
 //! 0.3-0.9 s instead of 3-6 s with Cranelift on 2 cores. A snippet run again is recompiled with
 //! Cranelift in the background (one at a time), and later runs use that faster code.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -25,7 +26,7 @@ use super::guest::{Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, was
 use super::{EXIT_TIMEOUT, ExecRequest, ExecResult, Language, Stage};
 use crate::engine::build_engine_with;
 use crate::engine::cache::{ModuleCache, write_atomically};
-use crate::engine::limits::LimitHit;
+use crate::engine::limits::{LimitHit, Stop, StopReason};
 use crate::error::{Error, Result};
 
 /// Flags of every build. The pre-warm in `runtimes/fetch.py` must use the same ones (GOCACHE keys
@@ -40,6 +41,26 @@ const MEMORY_LRU: usize = 32;
 
 /// Default bound of the on-disk Go caches (`.wasm` + compiled modules), in MiB.
 const DEFAULT_CACHE_MB: u64 = 1024;
+
+/// Default cap on a built program (`WASMBOX_GO_MAX_WASM_MB`): checked before it is read.
+const DEFAULT_MAX_WASM_MB: u64 = 64;
+
+/// Default age (`WASMBOX_GOCACHE_MAX_AGE_DAYS`) past which unused GOCACHE entries are removed;
+/// below Go's own 5 days, which would also take the pre-warmed entries.
+const DEFAULT_GOCACHE_MAX_AGE_DAYS: u64 = 3;
+
+/// Threads each toolchain process runs Go code on, and so its build parallelism.
+const BUILD_GOMAXPROCS: &str = "2";
+/// Soft heap goal of each toolchain process.
+const BUILD_GOMEMLIMIT: &str = "1GiB";
+/// Address space of each toolchain process: the hard cap a runaway compile meets.
+const BUILD_ADDRESS_SPACE: u64 = 4 << 30;
+
+/// What `runtimes/fetch.py` leaves in GOCACHE: the marker of a finished pre-warm (its token),
+/// and the names of the entries it made (the token, then one `xx/<hash>-a|d` per line; a list
+/// the server guessed for an older pre-warm says `<token> derived`, and fetch.py redoes it).
+const PREWARM_MARKER: &str = "wasmbox-prewarm";
+const PREWARM_FILES: &str = "wasmbox-prewarm.files";
 
 const BASE_ENV: &[(&str, &str)] = &[
     ("PWD", WORKSPACE_GUEST),
@@ -169,6 +190,11 @@ pub struct GoRuntime {
     modules_dir: PathBuf,
     gocache: PathBuf,
     cache_limit_bytes: u64,
+    max_wasm_bytes: u64,
+    /// GOCACHE entries unused for this long are removed (`None`: left to Go).
+    gocache_max_age: Option<Duration>,
+    /// When GOCACHE was last trimmed (Unix seconds): at load, then at most daily.
+    gocache_trimmed: AtomicU64,
     loaded: Mutex<HashMap<String, Arc<Loaded>>>,
     /// One lock per key being built, so two requests for the same source build once.
     building: Mutex<HashMap<String, Arc<Mutex<()>>>>,
@@ -195,12 +221,22 @@ impl GoRuntime {
         for d in [&wasm_dir, &modules_dir] {
             fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
         }
-        let cache_limit_bytes = std::env::var("WASMBOX_GO_CACHE_MB")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(DEFAULT_CACHE_MB)
-            .saturating_mul(1 << 20);
-        Ok(Self {
+        let env_u64 = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(default)
+        };
+        let cache_limit_bytes =
+            env_u64("WASMBOX_GO_CACHE_MB", DEFAULT_CACHE_MB).saturating_mul(1 << 20);
+        let max_wasm_bytes =
+            env_u64("WASMBOX_GO_MAX_WASM_MB", DEFAULT_MAX_WASM_MB).saturating_mul(1 << 20);
+        let gocache_max_age =
+            match env_u64("WASMBOX_GOCACHE_MAX_AGE_DAYS", DEFAULT_GOCACHE_MAX_AGE_DAYS) {
+                0 => None,
+                days => Some(Duration::from_secs(days.saturating_mul(86400))),
+            };
+        let me = Self {
             toolchain,
             engine,
             linker,
@@ -212,11 +248,43 @@ impl GoRuntime {
             modules_dir,
             gocache: cache_dir.join("go-build"),
             cache_limit_bytes,
+            max_wasm_bytes,
+            gocache_max_age,
+            gocache_trimmed: AtomicU64::new(0),
             loaded: Mutex::new(HashMap::new()),
             building: Mutex::new(HashMap::new()),
             clock: AtomicU64::new(0),
             counters: Counters::default(),
-        })
+        };
+        me.trim_gocache();
+        Ok(me)
+    }
+
+    /// Removes GOCACHE entries unused for the configured age, but never the pre-warmed ones,
+    /// which it marks used instead (Go's own trim takes any entry unused for 5 days). Runs at
+    /// load and then at most once a day, before a build.
+    fn trim_gocache(&self) {
+        let Some(max_age) = self.gocache_max_age else {
+            return;
+        };
+        let now = unix_secs(SystemTime::now());
+        let last = self.gocache_trimmed.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < 86400
+            || self
+                .gocache_trimmed
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let (files, bytes) = trim_gocache(&self.gocache, max_age, SystemTime::now());
+        if files > 0 {
+            tracing::info!(
+                "go: removed {files} GOCACHE entries ({} MiB) unused for {} days",
+                bytes >> 20,
+                max_age.as_secs() / 86400
+            );
+        }
     }
 
     pub fn toolchain(&self) -> &GoToolchain {
@@ -320,6 +388,9 @@ impl GoRuntime {
                 Ok(g) => break g,
                 Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => {
+                    if let Some(why) = stopped(req) {
+                        return Ok(Built::Done(stopped_result(why, req, start)));
+                    }
                     if Instant::now() >= deadline {
                         return Ok(Built::Done(timeout_result(Stage::Compile, req, start)));
                     }
@@ -464,8 +535,9 @@ impl GoRuntime {
         }
     }
 
-    /// Runs `go build` in a private temp dir under the deadline. `Ok(None)`: `wasm` now holds
-    /// the program; `Ok(Some(result))`: a compile error or the deadline, as a normal result.
+    /// Runs `go build` in a private scratch dir under the deadline and the caller's stop flag.
+    /// `Ok(None)`: `wasm` now holds the program; `Ok(Some(result))`: a compile error, the
+    /// deadline, a stop or an oversized program, as a normal result.
     fn build(
         &self,
         source: &str,
@@ -474,27 +546,22 @@ impl GoRuntime {
         start: Instant,
         deadline: Instant,
     ) -> Result<Option<ExecResult>> {
+        self.trim_gocache();
+        // Under the process's scratch root: a build a crash left behind goes at the next start.
+        let root = super::guest::scratch_root()?;
         let dir = tempfile::Builder::new()
-            .prefix("wasmbox-gobuild-")
-            .tempdir()
-            .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
+            .prefix("gobuild-")
+            .tempdir_in(root)
+            .map_err(|e| Error::io(root, e))?;
         let main = dir.path().join("main.go");
         fs::write(&main, source).map_err(|e| Error::io(&main, e))?;
+        let gotmp = dir.path().join("tmp");
+        fs::create_dir(&gotmp).map_err(|e| Error::io(&gotmp, e))?;
         let log_path = dir.path().join("build.log");
         let log = fs::File::create(&log_path).map_err(|e| Error::io(&log_path, e))?;
         let log2 = log.try_clone().map_err(|e| Error::io(&log_path, e))?;
-        let mut cmd = Command::new(&self.toolchain.go);
-        cmd.arg("build")
-            .args(GO_BUILD_FLAGS)
-            .args(["-o", "main.wasm", "main.go"])
-            .current_dir(dir.path())
-            .env_clear()
-            .envs(build_env(&self.gocache, dir.path()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log2));
-        // Its own process group, so a deadline kills compile and link too.
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut cmd = build_command(&self.toolchain.go, &self.gocache, dir.path());
+        cmd.stdout(Stdio::from(log)).stderr(Stdio::from(log2));
         let mut child = cmd.spawn().map_err(|e| {
             Error::LanguageNotAvailable(format!(
                 "go: cannot run {}: {e}",
@@ -508,19 +575,33 @@ impl GoRuntime {
             {
                 break status;
             }
+            // A kill or the sandbox's deletion ends the build as it would end the program.
+            if let Some(why) = stopped(req) {
+                kill_group(&mut child);
+                return Ok(Some(stopped_result(why, req, start)));
+            }
             if Instant::now() >= deadline {
-                // SAFETY: plain syscall on the process group we created above.
-                unsafe {
-                    libc::kill(-(child.id() as i32), libc::SIGKILL);
-                }
-                let _ = child.kill();
-                let _ = child.wait();
+                kill_group(&mut child);
                 return Ok(Some(timeout_result(Stage::Compile, req, start)));
             }
             std::thread::sleep(Duration::from_millis(3));
         };
         if !status.success() {
-            let text = fs::read_to_string(&log_path).unwrap_or_default();
+            // The compiler's messages, read no further than the caller's output cap.
+            let mut log = Vec::new();
+            let len = fs::File::open(&log_path)
+                .and_then(|f| {
+                    let len = f.metadata()?.len();
+                    f.take(req.output_bytes as u64).read_to_end(&mut log)?;
+                    Ok(len)
+                })
+                .unwrap_or(0);
+            let mut text = String::from_utf8_lossy(&log).into_owned();
+            if len > log.len() as u64 {
+                text.push_str(&format!(
+                    "\nwasmbox: the compiler wrote {len} bytes; the rest was cut\n"
+                ));
+            }
             let text = text.replace(&dir.path().display().to_string(), ".");
             return Ok(Some(compile_result(
                 status.code().unwrap_or(1),
@@ -530,7 +611,22 @@ impl GoRuntime {
             )));
         }
         let built = dir.path().join("main.wasm");
-        let bytes = fs::read(&built).map_err(|e| Error::io(&built, e))?;
+        let bytes = match read_capped(&built, self.max_wasm_bytes) {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(len)) => {
+                return Ok(Some(compile_result(
+                    1,
+                    format!(
+                        "wasmbox: the built program is {len} bytes, over the limit of {} MiB \
+                         (WASMBOX_GO_MAX_WASM_MB)\n",
+                        self.max_wasm_bytes >> 20
+                    ),
+                    req,
+                    start,
+                )));
+            }
+            Err(e) => return Err(Error::io(&built, e)),
+        };
         write_atomically(wasm, &bytes).map_err(|e| Error::io(wasm, e))?;
         Ok(None)
     }
@@ -568,8 +664,9 @@ impl GoRuntime {
     }
 }
 
-/// The fixed environment of every build: nothing from the host.
-pub fn build_env(gocache: &Path, home: &Path) -> Vec<(&'static str, String)> {
+/// The fixed environment of every build in the private directory `dir`: nothing from the
+/// host, no workspace files, bounded threads and heap, temporary files inside `dir`.
+pub fn build_env(gocache: &Path, dir: &Path) -> Vec<(&'static str, String)> {
     vec![
         ("GOOS", "wasip1".into()),
         ("GOARCH", "wasm".into()),
@@ -579,10 +676,185 @@ pub fn build_env(gocache: &Path, home: &Path) -> Vec<(&'static str, String)> {
         ("GOFLAGS", String::new()),
         ("GOENV", "off".into()),
         ("GOTELEMETRY", "off".into()),
+        ("GOWORK", "off".into()),
+        ("GOMAXPROCS", BUILD_GOMAXPROCS.into()),
+        ("GOMEMLIMIT", BUILD_GOMEMLIMIT.into()),
+        ("GOTMPDIR", dir.join("tmp").display().to_string()),
         ("GOCACHE", gocache.display().to_string()),
-        ("HOME", home.display().to_string()),
+        ("HOME", dir.display().to_string()),
         ("PATH", "/usr/bin:/bin".into()),
     ]
+}
+
+/// `go build` of `main.go` in `dir` (which has a `tmp/` for GOTMPDIR), bounded.
+fn build_command(go: &Path, gocache: &Path, dir: &Path) -> Command {
+    let mut cmd = Command::new(go);
+    cmd.arg("build")
+        .args(GO_BUILD_FLAGS)
+        .args(["-o", "main.wasm", "main.go"])
+        .current_dir(dir)
+        .env_clear()
+        .envs(build_env(gocache, dir))
+        .stdin(Stdio::null());
+    bound_process(&mut cmd);
+    cmd
+}
+
+/// Its own process group (a deadline or a stop kills compile and link too) and an address
+/// space cap, which the toolchain's children inherit.
+fn bound_process(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    // SAFETY: the closure runs in the child between fork and exec and only calls setrlimit,
+    // which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: BUILD_ADDRESS_SPACE,
+                rlim_max: BUILD_ADDRESS_SPACE,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Kills the build's process group and waits until it is gone, so its directory can go.
+fn kill_group(child: &mut Child) {
+    let group = child.id() as i32;
+    // SAFETY: a plain syscall on the process group the child leads.
+    unsafe {
+        libc::kill(-group, libc::SIGKILL);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    // Its children die too and are reaped by init; give them a moment to go.
+    let until = Instant::now() + Duration::from_millis(200);
+    // SAFETY: as above; signal 0 only asks whether the group still exists.
+    while unsafe { libc::kill(-group, 0) } == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The reason the caller's stop flag was raised, if it was (a sandboxed execution).
+fn stopped(req: &ExecRequest) -> Option<StopReason> {
+    req.place.as_ref().and_then(|p| Stop::reason(&p.stop))
+}
+
+/// A file's bytes, or its length when over `cap`: checked before reading, and the read cannot
+/// go past it.
+fn read_capped(path: &Path, cap: u64) -> std::io::Result<std::result::Result<Vec<u8>, u64>> {
+    let f = fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    if len > cap {
+        return Ok(Err(len));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    f.take(cap + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Ok(Err(bytes.len() as u64));
+    }
+    Ok(Ok(bytes))
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The GOCACHE entries `runtimes/fetch.py` pre-warmed, from the list it left. A cache
+/// pre-warmed before there was a list gets one now: the entries made in the hour before the
+/// marker was written (a pre-warm takes well under that) and not used since (Go's use moves
+/// an entry's mtime on, so those cannot be told from a snippet's; they are kept while used).
+fn prewarmed(gocache: &Path) -> HashSet<String> {
+    let marker = gocache.join(PREWARM_MARKER);
+    let Ok(token) = fs::read_to_string(&marker) else {
+        return HashSet::new();
+    };
+    let token = token.trim();
+    if let Ok(list) = fs::read_to_string(gocache.join(PREWARM_FILES)) {
+        let mut lines = list.lines();
+        let head = lines.next().unwrap_or_default();
+        if head == token || head.strip_suffix(" derived") == Some(token) {
+            return lines.map(str::to_string).collect();
+        }
+    }
+    let Ok(marked) = fs::metadata(&marker).and_then(|m| m.modified()) else {
+        return HashSet::new();
+    };
+    let names: HashSet<String> = gocache_entries(gocache)
+        .filter(|(_, _, mtime, _)| {
+            *mtime <= marked + Duration::from_secs(5)
+                && marked.duration_since(*mtime).unwrap_or_default() < Duration::from_secs(3600)
+        })
+        .map(|(name, ..)| name)
+        .collect();
+    let mut list = format!("{token} derived\n");
+    for n in &names {
+        list.push_str(n);
+        list.push('\n');
+    }
+    if let Err(e) = write_atomically(&gocache.join(PREWARM_FILES), list.as_bytes()) {
+        tracing::warn!("go: recording the pre-warmed GOCACHE entries: {e}");
+    }
+    names
+}
+
+/// GOCACHE's entries (`xx/<hash>-a`, `xx/<hash>-d`): name (`xx/...`), path, mtime, size.
+fn gocache_entries(gocache: &Path) -> impl Iterator<Item = (String, PathBuf, SystemTime, u64)> {
+    fs::read_dir(gocache)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|d| {
+            let n = d.file_name();
+            let n = n.as_encoded_bytes();
+            n.len() == 2 && n.iter().all(u8::is_ascii_hexdigit)
+        })
+        .flat_map(|sub| {
+            let prefix = sub.file_name().to_string_lossy().into_owned();
+            fs::read_dir(sub.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(move |e| {
+                    let name = e.file_name().to_str()?.to_string();
+                    if !(name.ends_with("-a") || name.ends_with("-d")) {
+                        return None;
+                    }
+                    let m = e.metadata().ok()?;
+                    m.is_file().then(|| {
+                        (
+                            format!("{prefix}/{name}"),
+                            e.path(),
+                            m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                            m.len(),
+                        )
+                    })
+                })
+        })
+}
+
+/// Removes GOCACHE entries unused (by mtime, which Go sets on use at most hourly) for
+/// `max_age`, except the pre-warmed ones, whose mtime is renewed so that Go's own trim keeps
+/// them too. Returns the entries and bytes removed.
+fn trim_gocache(gocache: &Path, max_age: Duration, now: SystemTime) -> (usize, u64) {
+    let keep = prewarmed(gocache);
+    let (mut files, mut bytes) = (0, 0);
+    for (name, path, mtime, len) in gocache_entries(gocache) {
+        let idle = now.duration_since(mtime).unwrap_or_default();
+        if keep.contains(&name) {
+            if idle > Duration::from_secs(86400) {
+                touch(&path);
+            }
+        } else if idle > max_age && fs::remove_file(&path).is_ok() {
+            files += 1;
+            bytes += len;
+        }
+    }
+    (files, bytes)
 }
 
 fn touch(path: &Path) {
@@ -620,6 +892,30 @@ fn compile_result(
         notes: Vec::new(),
         cloud_sandbox_id: None,
     }
+}
+
+/// A build stopped from outside, as a program stopped from outside reads (`guest::finish`).
+fn stopped_result(why: StopReason, req: &ExecRequest, start: Instant) -> ExecResult {
+    let (exit_code, limit, note) = match why {
+        StopReason::Killed => (super::guest::EXIT_KILLED, None, "killed"),
+        StopReason::SandboxGone => (
+            super::guest::EXIT_KILLED,
+            None,
+            "the sandbox was deleted or expired",
+        ),
+        StopReason::DiskQuota => (
+            1,
+            Some(LimitHit::Disk),
+            "the workspace went over its disk quota",
+        ),
+    };
+    let mut r = timeout_result(Stage::Compile, req, start);
+    r.stderr = format!(
+        "wasmbox: execution stopped while building the Go program (stage: compile): {note}\n"
+    );
+    r.exit_code = exit_code;
+    r.limit = limit;
+    r
 }
 
 fn timeout_result(stage: Stage, req: &ExecRequest, start: Instant) -> ExecResult {
@@ -750,7 +1046,118 @@ fn has_package_clause(lines: &[&str]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::prepare_source;
+    use super::*;
+
+    #[test]
+    fn the_build_runs_with_a_fixed_bounded_environment() {
+        let dir = Path::new("/scratch/gobuild-x");
+        let cmd = build_command(Path::new("/go/bin/go"), Path::new("/cache/go-build"), dir);
+        let env: HashMap<String, Option<String>> = cmd
+            .get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.map(|v| v.to_string_lossy().into_owned()),
+                )
+            })
+            .collect();
+        let get = |k: &str| env.get(k).cloned().flatten();
+        assert_eq!(get("GOMAXPROCS").as_deref(), Some("2"));
+        assert_eq!(get("GOMEMLIMIT").as_deref(), Some("1GiB"));
+        assert_eq!(get("GOWORK").as_deref(), Some("off"));
+        assert_eq!(get("GOFLAGS").as_deref(), Some(""));
+        assert_eq!(get("GOTMPDIR").as_deref(), Some("/scratch/gobuild-x/tmp"));
+        assert_eq!(get("GOCACHE").as_deref(), Some("/cache/go-build"));
+        assert_eq!(get("HOME").as_deref(), Some("/scratch/gobuild-x"));
+        assert_eq!(cmd.get_current_dir(), Some(dir));
+        // Nothing else reaches the toolchain: the host's env is cleared.
+        let names: HashSet<&str> = env.keys().map(String::as_str).collect();
+        let fixed: HashSet<&str> = build_env(Path::new("/c"), dir)
+            .iter()
+            .map(|(k, _)| *k)
+            .collect();
+        assert_eq!(names, fixed);
+    }
+
+    #[test]
+    fn the_build_process_has_an_address_space_cap_and_its_own_group() {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", "ulimit -v; ps -o pgid= -p $$; echo $$"]);
+        bound_process(&mut cmd);
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        assert_eq!(lines[0], (BUILD_ADDRESS_SPACE >> 10).to_string(), "{text}");
+        if lines.len() == 3 {
+            assert_eq!(lines[1], lines[2], "the shell leads its own group: {text}");
+        }
+    }
+
+    #[test]
+    fn an_oversized_file_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("main.wasm");
+        fs::write(&p, vec![7u8; 1000]).unwrap();
+        assert_eq!(read_capped(&p, 999).unwrap(), Err(1000));
+        assert_eq!(read_capped(&p, 1000).unwrap().unwrap().len(), 1000);
+    }
+
+    #[test]
+    fn gocache_is_trimmed_by_age_but_keeps_the_prewarm() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = dir.path();
+        let now = SystemTime::now();
+        let day = Duration::from_secs(86400);
+        let entry = |name: &str, age: Duration| {
+            let p = c.join(name);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, b"x").unwrap();
+            fs::File::options()
+                .append(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(now - age)
+                .unwrap();
+            p
+        };
+        // The pre-warm: its entries were made just before its marker, 30 days ago.
+        let warm_a = entry("0a/aaaa-a", 30 * day + Duration::from_secs(60));
+        let warm_d = entry("0b/bbbb-d", 30 * day + Duration::from_secs(30));
+        let marker = entry(PREWARM_MARKER, 30 * day);
+        fs::write(&marker, "token\n").unwrap();
+        fs::File::options()
+            .append(true)
+            .open(&marker)
+            .unwrap()
+            .set_modified(now - 30 * day)
+            .unwrap();
+        // Older leftovers, an entry unused for 10 days and one used yesterday.
+        let leftover = entry("0c/cccc-a", 40 * day);
+        let stale = entry("0d/dddd-d", 10 * day);
+        let fresh = entry("0e/eeee-a", day);
+        let other = entry("0f/README", 40 * day);
+        let trim_txt = entry("trim.txt", 40 * day);
+
+        let (files, bytes) = trim_gocache(c, 3 * day, now);
+        assert_eq!((files, bytes), (2, 2));
+        assert!(!stale.exists() && !leftover.exists());
+        for p in [&warm_a, &warm_d, &fresh, &other, &trim_txt] {
+            assert!(p.exists(), "{}", p.display());
+        }
+        // The pre-warm's entries are marked used (Go's own trim spares them) and recorded.
+        let age = |p: &Path| now.duration_since(fs::metadata(p).unwrap().modified().unwrap());
+        assert!(age(&warm_a).unwrap_or_default() < day);
+        let list = fs::read_to_string(c.join(PREWARM_FILES)).unwrap();
+        assert!(list.starts_with("token derived\n"), "{list}");
+        assert!(
+            list.contains("0a/aaaa-a") && list.contains("0b/bbbb-d"),
+            "{list}"
+        );
+        // A later pass reads the list, though the entries are no longer older than the marker.
+        let (files, _) = trim_gocache(c, 3 * day, now + 20 * day);
+        assert_eq!(files, 1, "only the entry used yesterday went");
+        assert!(warm_a.exists() && warm_d.exists() && !fresh.exists());
+    }
 
     #[test]
     fn sources_are_prepared() {

@@ -1380,7 +1380,9 @@ impl WasmboxServer {
                 let kind = match e {
                     SandboxError::TemplateNotFound(_) => "TemplateNotFoundError",
                     SandboxError::TooMany(_) => "SandboxLimitError",
-                    SandboxError::BadTimeout(..) => "InvalidArgument",
+                    SandboxError::BadTimeout(..) | SandboxError::EnvTooLarge(_) => {
+                        "InvalidArgument"
+                    }
                     _ => "SandboxError",
                 };
                 error_result(json!({
@@ -1628,12 +1630,11 @@ impl WasmboxServer {
                 "exception": e.to_string(),
             }));
         }
-        {
-            let mut env = sb.env.lock().unwrap();
-            if !a.merge {
-                env.clear();
-            }
-            env.extend(a.env_vars.clone());
+        if let Err(e) = sb.set_env(&a.env_vars, a.merge) {
+            return error_result(json!({
+                "error": "Failed to set environment variables",
+                "exception": e.to_string(),
+            }));
         }
         sb.save();
         let keys: Vec<&String> = a.env_vars.keys().collect();

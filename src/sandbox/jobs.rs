@@ -2,8 +2,9 @@
 //! hold the guest threads one-shots need), can be listed with its output so far, and is killed
 //! through its stop flag, which its guest's epoch callback checks.
 
-use std::sync::Arc;
-use std::sync::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Instant, SystemTime};
 
 use serde_json::{Value, json};
@@ -23,6 +24,10 @@ pub struct Job {
     output: (CappedOutput, CappedOutput),
     end: Mutex<Option<(Result<ExecResult, String>, SystemTime)>>,
     done: tokio::sync::watch::Sender<bool>,
+    /// The sandbox's account of its ended jobs' output, once the job is added to a sandbox.
+    kept_in: OnceLock<Arc<KeptOutput>>,
+    /// Whether this job's output is in that account (it goes in once).
+    counted: AtomicBool,
 }
 
 impl Job {
@@ -37,6 +42,8 @@ impl Job {
             output: (CappedOutput::new(output_cap), CappedOutput::new(output_cap)),
             end: Mutex::new(None),
             done: tokio::sync::watch::channel(false).0,
+            kept_in: OnceLock::new(),
+            counted: AtomicBool::new(false),
         })
     }
 
@@ -45,9 +52,64 @@ impl Job {
         self.output.clone()
     }
 
-    pub fn finish(&self, result: Result<ExecResult, String>) {
+    /// Ends the job with `result`, of which it keeps [`JOB_KEPT_OUTPUT`] of output.
+    pub fn finish(self: &Arc<Self>, result: Result<ExecResult, String>) {
+        let result = match result {
+            Ok(mut r) => {
+                if fit_json(&mut r.stdout, &mut r.stderr, JOB_KEPT_OUTPUT) {
+                    r.truncated = true;
+                }
+                Ok(r)
+            }
+            Err(mut e) => {
+                fit_json(&mut String::new(), &mut e, JOB_KEPT_OUTPUT);
+                Err(e)
+            }
+        };
         *self.end.lock().unwrap() = Some((result, SystemTime::now()));
+        self.count_output();
         self.done.send_replace(true);
+    }
+
+    /// Counts the job's output in `kept` (its sandbox's) once it ends.
+    pub fn keep_output_in(self: &Arc<Self>, kept: Arc<KeptOutput>) {
+        let _ = self.kept_in.set(kept);
+        if !self.running() {
+            self.count_output();
+        }
+    }
+
+    fn count_output(self: &Arc<Self>) {
+        let Some(kept) = self.kept_in.get() else {
+            return;
+        };
+        if self.counted.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let size = match &*self.end.lock().unwrap() {
+            Some((Ok(r), _)) => json_len(&r.stdout) + json_len(&r.stderr),
+            Some((Err(e), _)) => json_len(e),
+            None => return,
+        };
+        kept.ended(self, size);
+    }
+
+    /// Replaces the output of this ended job with a note (its sandbox keeps newer jobs').
+    fn drop_output(&self, budget: usize) {
+        let note = format!(
+            "wasmbox: this job's output was dropped: a sandbox keeps at most {} KiB of its \
+             ended jobs' output (as JSON), the oldest jobs' going first\n",
+            budget >> 10
+        );
+        match &mut *self.end.lock().unwrap() {
+            Some((Ok(r), _)) => {
+                r.stdout = String::new();
+                r.stderr = note;
+                r.truncated = true;
+            }
+            Some((Err(e), _)) => *e = note,
+            None => {}
+        }
     }
 
     pub fn running(&self) -> bool {
@@ -91,11 +153,15 @@ impl Job {
         });
         match &*end {
             None => {
-                let (stdout, stderr) = (self.output.0.peek(), self.output.1.peek());
+                let (out, err) = (self.output.0.peek(), self.output.1.peek());
+                let mut stdout = String::from_utf8_lossy(&out.bytes).into_owned();
+                let mut stderr = String::from_utf8_lossy(&err.bytes).into_owned();
+                let cut = fit_json(&mut stdout, &mut stderr, JOB_KEPT_OUTPUT);
                 v["status"] = json!("running");
                 v["exit_code"] = Value::Null;
-                v["stdout"] = out(&String::from_utf8_lossy(&stdout.bytes));
-                v["stderr"] = out(&String::from_utf8_lossy(&stderr.bytes));
+                v["stdout"] = out(&stdout);
+                v["stderr"] = out(&stderr);
+                v["truncated"] = json!(cut || out.dropped > 0 || err.dropped > 0);
                 v["execution_time"] = json!(self.started.elapsed().as_secs_f64());
                 v["ended_at"] = Value::Null;
             }
@@ -114,6 +180,7 @@ impl Job {
                         v["exit_code"] = json!(r.exit_code);
                         v["stdout"] = out(&r.stdout);
                         v["stderr"] = out(&r.stderr);
+                        v["truncated"] = json!(r.truncated);
                         v["execution_time"] = json!(r.execution_time);
                         v["limit"] = json!(r.limit);
                         v["success"] = json!(r.success);
@@ -277,5 +344,181 @@ impl Drop for JobTicket {
         }
         drop(st);
         self.budget.freed.notify_waiters();
+    }
+}
+
+/// What one job keeps of stdout and stderr together, measured as JSON text: that is what a
+/// listing sends and holds, and control characters take 6 bytes there (`\u0001`), so a byte
+/// cap alone would let 1 MiB of them become 6 MiB in every listing.
+pub const JOB_KEPT_OUTPUT: usize = 256 << 10;
+
+/// What a sandbox keeps of its ended jobs' output in all (as [`JOB_KEPT_OUTPUT`] measures it);
+/// past it the oldest ended jobs' output is dropped. Running jobs are bounded by their count.
+pub const SANDBOX_KEPT_OUTPUT: usize = 4 << 20;
+
+/// Room kept for the note that says output was cut.
+const NOTE_ROOM: usize = 512;
+
+/// A sandbox's account of its ended jobs' output, oldest first.
+pub struct KeptOutput {
+    budget: usize,
+    state: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    /// Ended jobs and the bytes each keeps, oldest first.
+    jobs: VecDeque<(Weak<Job>, usize)>,
+    total: usize,
+}
+
+impl KeptOutput {
+    pub fn new(budget: usize) -> Arc<Self> {
+        Arc::new(Self {
+            budget,
+            state: Mutex::new(Kept::default()),
+        })
+    }
+
+    /// Counts `job`'s `size` bytes; drops the oldest jobs' output while over the budget.
+    fn ended(&self, job: &Arc<Job>, size: usize) {
+        let mut st = self.state.lock().unwrap();
+        let Kept { jobs, total } = &mut *st;
+        // Jobs the sandbox no longer lists (and nobody holds) are gone with their output.
+        jobs.retain(|(j, n)| {
+            let alive = j.strong_count() > 0;
+            if !alive {
+                *total -= n;
+            }
+            alive
+        });
+        jobs.push_back((Arc::downgrade(job), size));
+        *total += size;
+        while *total > self.budget {
+            let Some((oldest, n)) = jobs.pop_front() else {
+                break;
+            };
+            *total -= n;
+            if let Some(j) = oldest.upgrade() {
+                j.drop_output(self.budget);
+            }
+        }
+    }
+
+    /// Output bytes counted now.
+    pub fn total(&self) -> usize {
+        self.state.lock().unwrap().total
+    }
+}
+
+/// The bytes `s` takes inside a JSON string, as serde_json writes it.
+fn json_len(s: &str) -> usize {
+    s.chars().map(json_char_len).sum()
+}
+
+fn json_char_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// Cuts `s` to its longest prefix of at most `budget` JSON bytes.
+fn cut_json(s: &mut String, budget: usize) {
+    let mut used = 0;
+    for (i, c) in s.char_indices() {
+        used += json_char_len(c);
+        if used > budget {
+            s.truncate(i);
+            return;
+        }
+    }
+}
+
+/// Cuts `stdout` and `stderr` so that together they take at most `budget` bytes as JSON,
+/// with a note at the end of stderr; stderr keeps at least a quarter when both are long.
+/// Returns whether anything was cut.
+fn fit_json(stdout: &mut String, stderr: &mut String, budget: usize) -> bool {
+    let (out, err) = (json_len(stdout), json_len(stderr));
+    if out + err <= budget {
+        return false;
+    }
+    let room = budget.saturating_sub(NOTE_ROOM);
+    let err_share = err.min((room / 4).max(room.saturating_sub(out)));
+    cut_json(stdout, room - err_share);
+    cut_json(stderr, err_share);
+    if !stderr.is_empty() && !stderr.ends_with('\n') {
+        stderr.push('\n');
+    }
+    stderr.push_str(&format!(
+        "wasmbox: output cut to {} KiB (stdout and stderr as JSON): a background job keeps no \
+         more\n",
+        budget >> 10
+    ));
+    true
+}
+
+#[cfg(test)]
+mod output_tests {
+    use super::*;
+
+    #[test]
+    fn output_is_cut_by_its_json_size() {
+        let mut out = "\u{1}".repeat(100_000);
+        let mut err = "e".repeat(10);
+        assert!(fit_json(&mut out, &mut err, 64 << 10));
+        let json = serde_json::to_string(&(&out, &err)).unwrap();
+        assert!(json.len() <= (64 << 10) + 8, "{}", json.len());
+        assert!(out.len() > 10_000, "stdout keeps the rest: {}", out.len());
+        assert!(err.starts_with("eeeeeeeeee\nwasmbox: output cut"), "{err}");
+        for s in ["\"\\\n\t\u{7f}é\u{0}x", "plain"] {
+            assert_eq!(
+                json_len(s) + 2,
+                serde_json::to_string(s).unwrap().len(),
+                "{s:?}"
+            );
+        }
+        let (mut a, mut b) = ("short".to_string(), String::new());
+        assert!(!fit_json(&mut a, &mut b, 64));
+        assert_eq!(a, "short");
+    }
+
+    #[test]
+    fn a_sandbox_drops_its_oldest_jobs_output_first() {
+        let kept = KeptOutput::new(250);
+        let jobs: Vec<_> = (0..4)
+            .map(|_| Job::new(None, Language::Python, 1 << 10))
+            .collect();
+        for j in &jobs {
+            j.keep_output_in(kept.clone());
+            j.finish(Ok(ExecResult {
+                stdout: "x".repeat(100),
+                stderr: String::new(),
+                exit_code: 0,
+                execution_time: 0.0,
+                success: true,
+                truncated: false,
+                limit: None,
+                language: Language::Python,
+                stage: None,
+                rich: Vec::new(),
+                notes: Vec::new(),
+                cloud_sandbox_id: None,
+            }));
+        }
+        assert_eq!(kept.total(), 200);
+        let out = |j: &Arc<Job>| j.result().unwrap().unwrap().stdout;
+        assert_eq!(out(&jobs[0]), "");
+        assert_eq!(out(&jobs[1]), "");
+        assert_eq!(out(&jobs[3]).len(), 100);
+        assert!(
+            jobs[0]
+                .result()
+                .unwrap()
+                .unwrap()
+                .stderr
+                .contains("dropped")
+        );
     }
 }

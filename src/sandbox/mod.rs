@@ -136,6 +136,24 @@ pub enum SandboxError {
     Io(#[from] std::io::Error),
     #[error("deleting the quarantined sandbox's files failed: {0}")]
     Quarantine(std::io::Error),
+    #[error(
+        "the sandbox's environment would take {0} bytes (names and values); the limit is {limit} KiB: set fewer or shorter variables, or put large values in a file",
+        limit = MAX_ENV_BYTES >> 10
+    )]
+    EnvTooLarge(usize),
+}
+
+/// A sandbox's env in all, names and values: it is kept in memory and in `meta.json`, and
+/// copied into every execution in the sandbox.
+pub const MAX_ENV_BYTES: usize = 64 << 10;
+
+/// Refuses an env over [`MAX_ENV_BYTES`].
+pub fn check_env_size(env: &BTreeMap<String, String>) -> Result<(), SandboxError> {
+    let bytes: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_ENV_BYTES {
+        return Err(SandboxError::EnvTooLarge(bytes));
+    }
+    Ok(())
 }
 
 /// A session slot: the live session, or why the last one ended (said once, on the next call).
@@ -279,6 +297,8 @@ pub struct Sandbox {
     max_kept_jobs: usize,
     /// Held across a whole [`Sandbox::save`], so the last file written has the newest state.
     saving: Mutex<()>,
+    /// The output its ended jobs keep, in all.
+    kept_output: Arc<jobs::KeptOutput>,
 }
 
 impl Sandbox {
@@ -317,6 +337,21 @@ impl Sandbox {
         if self.lifetime.lock().unwrap().paused {
             return Err(SandboxError::Paused(self.id.clone()));
         }
+        Ok(())
+    }
+
+    /// Sets variables (on top of the others with `merge`, else instead of them), refused whole
+    /// when the result would be over [`MAX_ENV_BYTES`].
+    pub fn set_env(
+        &self,
+        vars: &BTreeMap<String, String>,
+        merge: bool,
+    ) -> Result<(), SandboxError> {
+        let mut env = self.env.lock().unwrap();
+        let mut next = if merge { env.clone() } else { BTreeMap::new() };
+        next.extend(vars.iter().map(|(k, v)| (k.clone(), v.clone())));
+        check_env_size(&next)?;
+        *env = next;
         Ok(())
     }
 
@@ -375,6 +410,7 @@ impl Sandbox {
         if jobs.iter().filter(|j| j.running()).count() >= self.max_running_jobs {
             return Err(SandboxError::TooManyJobs(self.max_running_jobs));
         }
+        job.keep_output_in(self.kept_output.clone());
         jobs.push(job);
         let ended = jobs.iter().filter(|j| !j.running()).count();
         if ended > self.max_kept_jobs {
@@ -746,6 +782,7 @@ impl Sandboxes {
             max_running_jobs: self.config.max_running_jobs,
             max_kept_jobs: self.config.max_kept_jobs,
             saving: Mutex::new(()),
+            kept_output: jobs::KeptOutput::new(jobs::SANDBOX_KEPT_OUTPUT),
         })
     }
 
@@ -760,6 +797,7 @@ impl Sandboxes {
         let template = template(template_name)
             .ok_or_else(|| SandboxError::TemplateNotFound(template_name.to_string()))?;
         let timeout = self.timeout(timeout_secs)?;
+        check_env_size(&env)?;
         let mut map = self.map.lock().unwrap();
         if map.len() >= self.config.max_live {
             return Err(SandboxError::TooMany(self.config.max_live));
