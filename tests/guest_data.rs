@@ -119,7 +119,9 @@ async fn all_ended(c: &Client, id: &str) -> Value {
 
 #[tokio::test]
 async fn job_output_is_capped_after_json_escaping() {
-    let c = server().await;
+    // A listing fits WASMBOX_RESULT_BYTES by cutting each job's output further; a wide budget
+    // shows what the job itself keeps.
+    let c = server_with_env(&[("WASMBOX_RESULT_BYTES", "67108864")]).await;
     let id = create_sandbox(&c, json!({"template_id": "python"})).await;
     // 1 MiB of control characters: 6 MiB once escaped as JSON (`\u0001`).
     ok(
@@ -148,7 +150,9 @@ async fn job_output_is_capped_after_json_escaping() {
 
 #[tokio::test]
 async fn ended_jobs_output_is_capped_per_sandbox_oldest_first() {
-    let c = server().await;
+    // A listing fits WASMBOX_RESULT_BYTES by cutting each job's output further; a wide budget
+    // shows what the job itself keeps.
+    let c = server_with_env(&[("WASMBOX_RESULT_BYTES", "67108864")]).await;
     let id = create_sandbox(&c, json!({"template_id": "python"})).await;
     // 24 jobs of 200 KiB each: 4.7 MiB, over the sandbox's 4 MiB of kept output.
     let mut pids = Vec::new();

@@ -153,15 +153,15 @@ impl Job {
         });
         match &*end {
             None => {
-                let (out, err) = (self.output.0.peek(), self.output.1.peek());
-                let mut stdout = String::from_utf8_lossy(&out.bytes).into_owned();
-                let mut stderr = String::from_utf8_lossy(&err.bytes).into_owned();
+                let (so, se) = (self.output.0.peek(), self.output.1.peek());
+                let mut stdout = String::from_utf8_lossy(&so.bytes).into_owned();
+                let mut stderr = String::from_utf8_lossy(&se.bytes).into_owned();
                 let cut = fit_json(&mut stdout, &mut stderr, JOB_KEPT_OUTPUT);
                 v["status"] = json!("running");
                 v["exit_code"] = Value::Null;
                 v["stdout"] = out(&stdout);
                 v["stderr"] = out(&stderr);
-                v["truncated"] = json!(cut || out.dropped > 0 || err.dropped > 0);
+                v["truncated"] = json!(cut || so.dropped > 0 || se.dropped > 0);
                 v["execution_time"] = json!(self.started.elapsed().as_secs_f64());
                 v["ended_at"] = Value::Null;
             }
