@@ -4,10 +4,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cloud::CloudConfig;
+use crate::engine::disk::Quota;
 use crate::engine::limits::Limits;
 use crate::lang::python::{DEFAULT_PREIMPORT, PythonOptions};
 use crate::sandbox::SandboxConfig;
-use crate::sandbox::fs::Quota;
 
 /// Everything a [`crate::Wasmbox`] needs to know; [`Config::from_env`] gives the defaults.
 #[derive(Clone, Debug)]
@@ -30,6 +30,8 @@ pub struct Config {
     /// Per-call budget for text a tool answers with (`file_read`, `file_list`, process lists): a
     /// guest's file or output must not flood the assistant's context (~4 bytes a token).
     pub result_bytes: usize,
+    /// What a one-shot's fresh `/workspace` and `/tmp` may hold together.
+    pub oneshot_quota: Quota,
     /// Most bytes of a file one `file_download` returns. Its base64 goes out twice (text and
     /// `structuredContent`) on one JSON-RPC line, and rmcp's stdio transport drops lines over
     /// 16 MiB (the call then never answers): 4 MiB makes an 11 MB line.
@@ -84,6 +86,7 @@ impl Config {
     /// Defaults, overridden by `WASMBOX_RUNTIMES`, `WASMBOX_CACHE`,
     /// `WASMBOX_CACHE_MAX_AGE_DAYS` (0: keep every compiled module), `WASMBOX_MEMORY_MB`,
     /// `WASMBOX_OUTPUT_BYTES`, `WASMBOX_RESULT_BYTES` (a tool answer's text: 80,000),
+    /// `WASMBOX_ONESHOT_DISK_MB` (a one-shot's `/workspace` and `/tmp` together: 256),
     /// `WASMBOX_DOWNLOAD_BYTES` (one `file_download`: 4 MiB), `WASMBOX_CONCURRENCY`,
     /// `WASMBOX_FOREGROUND_SLOTS`, `WASMBOX_MAX_GUESTS`, `WASMBOX_QUEUE_WAIT_S`,
     /// `WASMBOX_MAX_JOBS`, `WASMBOX_MAX_JOBS_PER_TOKEN`, `WASMBOX_ASYNC_QUEUE`,
@@ -135,6 +138,10 @@ impl Config {
             max_output_bytes: output.max(16 * MIB),
             max_code_bytes: 4 * MIB,
             result_bytes: env_num("WASMBOX_RESULT_BYTES").unwrap_or(80_000).max(1),
+            oneshot_quota: Quota {
+                max_bytes: env_num("WASMBOX_ONESHOT_DISK_MB").unwrap_or(256) as u64 * MIB as u64,
+                max_entries: env_num("WASMBOX_SANDBOX_FILES").unwrap_or(10_000) as u64,
+            },
             download_bytes: env_num("WASMBOX_DOWNLOAD_BYTES").unwrap_or(4 * MIB).max(1),
             max_concurrency: concurrency,
             foreground_slots: env_num("WASMBOX_FOREGROUND_SLOTS")

@@ -398,6 +398,7 @@ impl Wasmbox {
             output_bytes: cfg.default_limits.output_bytes,
             echo: opts.echo,
             place: None,
+            scratch_quota: cfg.oneshot_quota,
         })
     }
 
@@ -928,8 +929,8 @@ fn in_session<S>(
     Ok(r)
 }
 
-/// `run`, then [`quota_note`] on the same thread: measuring the workspace is a directory walk,
-/// which must not run on the async runtime's workers.
+/// `run`, then [`quota_note`] on the same thread: confirming an over-quota count is a
+/// directory walk, which must not run on the async runtime's workers.
 fn with_quota_note(sb: &Arc<Sandbox>, run: Run) -> Run {
     let sb = sb.clone();
     Box::new(move || {
@@ -940,16 +941,18 @@ fn with_quota_note(sb: &Arc<Sandbox>, run: Run) -> Run {
     })
 }
 
-/// Marks a result whose run left the workspace over its quota.
+/// Marks a result whose run left the sandbox over its quota without being stopped for it
+/// (the space filled from elsewhere).
 fn quota_note(sb: &Sandbox, r: &mut ExecResult) {
-    let (bytes, entries) = sb.fs.usage();
-    let q = sb.fs.quota();
-    if bytes > q.max_bytes || entries > q.max_entries {
+    if r.limit == Some(LimitHit::Disk) {
+        return;
+    }
+    if let Some(o) = sb.fs.over_quota() {
         r.success = false;
         r.limit.get_or_insert(LimitHit::Disk);
         r.notes.push(format!(
-            "the workspace is over its disk quota: {bytes} bytes in {entries} files and directories (limits {} bytes, {} entries); remove files with file_remove or from code",
-            q.max_bytes, q.max_entries
+            "/workspace and /tmp are over their disk quota: {} bytes in {} files and directories (limits {} bytes, {} entries); remove files with file_remove or from code",
+            o.bytes, o.entries, o.quota.max_bytes, o.quota.max_entries
         ));
     }
 }

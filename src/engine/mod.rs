@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod cpu;
+pub mod disk;
 pub mod epoch;
 pub mod limits;
 pub mod pool;
@@ -48,7 +49,9 @@ pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> 
         // A memory slot each for an instance's linear memory and for its GC heap, which the
         // pooling allocator also takes from the memory pool: CPython's stores get one (its
         // wasm exceptions live there), so a Python instance holds two memory slots.
-        pool.total_core_instances(pooled_instances)
+        // A guest that writes files or polls descriptors gets a second core instance (no memory
+        // or table of its own): the module that forwards to wasmtime-wasi (`lang/wasi.rs`).
+        pool.total_core_instances(pooled_instances.saturating_mul(2))
             .total_memories(pooled_instances.saturating_mul(2))
             .total_tables(pooled_instances)
             .total_gc_heaps(pooled_instances)

@@ -12,6 +12,7 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 use super::wasi::Watch;
 use super::{EXIT_TIMEOUT, ExecRequest, ExecResult, Language, Place};
 use crate::engine::deadline_ticks;
+use crate::engine::disk::{DiskBudget, Over};
 use crate::engine::limits::{CappedOutput, Captured, LimitHit, MemoryLimiter, StopReason, Stopped};
 use crate::error::{Error, Result};
 
@@ -29,7 +30,8 @@ pub struct GuestState {
     limiter: MemoryLimiter,
     /// The current call's deadline, stop flag and quota, for the epoch callback and waits.
     pub(super) watch: Watch,
-    pub(super) original_poll: Option<super::wasi::OriginalPoll>,
+    pub(super) originals: super::wasi::Originals,
+    pub(super) files: super::wasi::OpenFiles,
 }
 
 /// A linker with WASI preview 1 (its waits interruptible), the only host interface guests get.
@@ -142,7 +144,8 @@ impl Guest {
                 wasi: wasi.build_p1(),
                 limiter: MemoryLimiter::new(usize::MAX),
                 watch,
-                original_poll: None,
+                originals: Default::default(),
+                files: Default::default(),
             },
         );
         store.limiter(|s| &mut s.limiter);
@@ -167,15 +170,17 @@ impl Guest {
         self.stdout.set_cap(req.output_bytes);
         self.stderr.set_cap(req.output_bytes);
         self.store.data_mut().limiter.set_limit(req.memory_bytes);
-        let (stop, over_quota) = match &req.place {
-            Some(p) => (Some(p.stop.clone()), p.over_quota.clone()),
-            None => (None, None),
+        let (stop, disk) = match (&req.place, &self._scratch) {
+            (Some(p), _) => (Some(p.stop.clone()), p.disk.clone()),
+            (None, Some(s)) => {
+                let (ws, tmp) = s.paths();
+                let roots = vec![ws.to_path_buf(), tmp.to_path_buf()];
+                (None, Some(DiskBudget::new(roots, req.scratch_quota)))
+            }
+            (None, None) => (None, None),
         };
         let sandboxed = req.place.is_some();
-        self.store
-            .data_mut()
-            .watch
-            .arm(req.timeout, stop, over_quota);
+        self.store.data_mut().watch.arm(req.timeout, stop, disk);
         if sandboxed {
             self.watch_by_callback();
         }
@@ -254,12 +259,16 @@ impl Guest {
     pub fn result(&mut self, outcome: wasmtime::Result<i32>, language: Language) -> ExecResult {
         let memory_hit = std::mem::take(&mut self.store.data_mut().limiter.hit);
         let timeout = self.store.data().watch.timeout();
+        let disk_over = self.store.data_mut().watch.take_disk_over();
         let r = finish(
             outcome,
-            timeout,
+            Limits {
+                timeout,
+                memory_hit,
+                disk_over,
+            },
             self.stdout.take(),
             self.stderr.take(),
-            memory_hit,
             self.start,
             language,
         );
@@ -275,15 +284,47 @@ impl Guest {
     }
 }
 
+/// The note of a guest the disk limit stopped.
+pub fn disk_note(over: Option<Over>) -> String {
+    let Some(o) = over else {
+        return "wasmbox: execution stopped: the disk limit of /workspace and /tmp was reached"
+            .into();
+    };
+    let what = if o.unmeasured {
+        "the files could not be measured (nested too deep, or unreadable)".to_string()
+    } else if o.entries > o.quota.max_entries {
+        format!(
+            "{} files and directories, of {} allowed",
+            o.entries, o.quota.max_entries
+        )
+    } else {
+        format!("{} bytes, of {} allowed", o.bytes, o.quota.max_bytes)
+    };
+    format!(
+        "wasmbox: execution stopped: the disk limit of /workspace and /tmp was reached ({what}); sizes are apparent sizes (a sparse file counts in full); remove files to free space"
+    )
+}
+
+/// What the limits saw of a call, for its result.
+struct Limits {
+    timeout: Duration,
+    memory_hit: bool,
+    disk_over: Option<Over>,
+}
+
 fn finish(
     outcome: wasmtime::Result<i32>,
-    timeout: Duration,
+    limits: Limits,
     stdout: Captured,
     stderr: Captured,
-    memory_hit: bool,
     start: Instant,
     language: Language,
 ) -> ExecResult {
+    let Limits {
+        timeout,
+        memory_hit,
+        disk_over,
+    } = limits;
     let mut limit = memory_hit.then_some(LimitHit::Memory);
     let mut notes = Vec::new();
     let exit_code = match outcome {
@@ -295,10 +336,7 @@ fn finish(
                 match why {
                     StopReason::DiskQuota => {
                         limit = Some(LimitHit::Disk);
-                        notes.push(
-                            "wasmbox: execution stopped: the workspace went over its disk quota"
-                                .into(),
-                        );
+                        notes.push(disk_note(disk_over));
                         1
                     }
                     StopReason::Killed => {

@@ -62,6 +62,8 @@ pub struct ExecRequest {
     pub echo: bool,
     /// Run in a persistent sandbox's directories; `None` gives fresh empty ones (a one-shot).
     pub place: Option<Place>,
+    /// What a one-shot's fresh directories may hold (`WASMBOX_ONESHOT_DISK_MB`).
+    pub scratch_quota: crate::engine::disk::Quota,
 }
 
 /// Where a sandboxed execution runs: its sandbox's `/workspace` and `/tmp` (host directories
@@ -73,8 +75,8 @@ pub struct Place {
     /// Guest path of the working directory (under `/workspace` or `/tmp`).
     pub cwd: String,
     pub stop: Arc<Stop>,
-    /// Whether the workspace is over its quota; checked while the guest runs.
-    pub over_quota: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// What the sandbox may hold on disk (`/workspace` and `/tmp`), counted as guests write.
+    pub disk: Option<Arc<crate::engine::disk::DiskBudget>>,
     /// Where stdout and stderr go, when the caller wants to read them while the guest runs
     /// (background jobs); fresh buffers otherwise.
     pub output: Option<(CappedOutput, CappedOutput)>,

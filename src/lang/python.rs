@@ -1330,6 +1330,10 @@ mod tests {
             output_bytes: 1 << 20,
             echo: false,
             place: None,
+            scratch_quota: crate::engine::disk::Quota {
+                max_bytes: 1 << 20,
+                max_entries: 10,
+            },
         };
         let t = user_turn(&req);
         assert!(t.contains(r#""A":"x\"y\n""#), "{t}");

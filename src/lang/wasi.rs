@@ -10,20 +10,23 @@
 //! Subscriptions on descriptors go to wasmtime-wasi's own `poll_oneoff`: guests have only files,
 //! an empty stdin and captured output streams, which are always ready, so it never blocks.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use wasmtime::{Caller, Engine, Extern, Linker, Trap, TypedFunc};
+use wasmtime::{Caller, Engine, Extern, Instance, Linker, Memory, Module, Trap, TypedFunc};
 use wasmtime_wasi::clocks::HostMonotonicClock;
 
 use super::guest::GuestState;
 use crate::engine::cpu;
+use crate::engine::disk::{DiskBudget, FileId, Over};
 use crate::engine::limits::{Stop, StopReason, Stopped};
 use crate::error::Result;
 
 /// Longest a waiting guest goes without looking at its deadline and stop flag.
 const SLICE: Duration = Duration::from_millis(10);
-/// How often a sandboxed guest's workspace is measured against its quota while it runs.
+/// How often a sandboxed guest's disk count is looked at while it runs (a walk only when the
+/// count says it is over: something besides this guest's writes filled the space).
 const QUOTA_EVERY: Duration = Duration::from_millis(500);
 
 const MODULE: &str = "wasi_snapshot_preview1";
@@ -37,8 +40,6 @@ const CLOCK_REALTIME: u32 = 0;
 const CLOCK_MONOTONIC: u32 = 1;
 const SUBSCRIPTION_CLOCK_ABSTIME: u16 = 1;
 
-type QuotaProbe = Arc<dyn Fn() -> bool + Send + Sync>;
-
 /// What ends a guest's call from outside its own code: the deadline, the stop flag (kill,
 /// sandbox deleted or expired) and, in a sandbox, the disk quota. Kept in the store so that the
 /// epoch callback and every waiting host call look at the same values.
@@ -46,7 +47,10 @@ pub struct Watch {
     deadline: Instant,
     timeout: Duration,
     stop: Arc<Stop>,
-    over_quota: Option<QuotaProbe>,
+    /// What the guest may hold on disk (its sandbox's, or its one-shot scratch dirs').
+    disk: Option<Arc<DiskBudget>>,
+    /// Why the disk limit stopped the guest, for its result's note.
+    disk_over: Option<Over>,
     last_quota: Instant,
     /// Zero of the guest's monotonic clock, for absolute clock subscriptions.
     origin: Instant,
@@ -59,25 +63,27 @@ impl Watch {
             deadline: now + timeout,
             timeout,
             stop: Arc::new(Stop::default()),
-            over_quota: None,
+            disk: None,
+            disk_over: None,
             last_quota: now,
             origin,
         }
     }
 
     /// Starts a call: `timeout` from now, the given stop flag (a fresh one when `None`) and
-    /// quota probe.
+    /// disk budget.
     pub fn arm(
         &mut self,
         timeout: Duration,
         stop: Option<Arc<Stop>>,
-        over_quota: Option<QuotaProbe>,
+        disk: Option<Arc<DiskBudget>>,
     ) {
         let now = Instant::now();
         self.deadline = now + timeout;
         self.timeout = timeout;
         self.stop = stop.unwrap_or_default();
-        self.over_quota = over_quota;
+        self.disk = disk;
+        self.disk_over = None;
         self.last_quota = now;
     }
 
@@ -108,16 +114,27 @@ impl Watch {
         if now >= self.deadline {
             return Err(Trap::Interrupt.into());
         }
-        if let Some(over) = &self.over_quota
+        if let Some(disk) = &self.disk
             && now.duration_since(self.last_quota) >= QUOTA_EVERY
         {
             self.last_quota = now;
-            if over() {
-                // Not raised on the shared flag: freeing space lets the next run go on.
-                return Err(Stopped(StopReason::DiskQuota).into());
+            if let Some(over) = disk.over_quota() {
+                return Err(self.disk_full(over));
             }
         }
         Ok(())
+    }
+
+    /// Stops the guest for the disk limit. Not raised on the shared flag: freeing space lets
+    /// the next run go on.
+    fn disk_full(&mut self, over: Over) -> wasmtime::Error {
+        self.disk_over = Some(over);
+        Stopped(StopReason::DiskQuota).into()
+    }
+
+    /// What the disk limit stopped the guest at, once.
+    pub fn take_disk_over(&mut self) -> Option<Over> {
+        self.disk_over.take()
     }
 
     /// Waits until `wake` (forever: `None`) without holding a CPU slot, in slices that end
@@ -164,56 +181,641 @@ pub fn clock(timeout: Duration) -> (impl HostMonotonicClock + 'static, Watch) {
     (GuestClock(origin), Watch::new(timeout, origin))
 }
 
-/// A linker with WASI preview 1 and the interruptible `poll_oneoff`.
+/// A linker with WASI preview 1, the interruptible `poll_oneoff`, and the calls that change
+/// what a guest holds on disk counted against its [`DiskBudget`].
 pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
     fn wasi(s: &mut GuestState) -> &mut wasmtime_wasi::p1::WasiP1Ctx {
         &mut s.wasi
     }
     let mut original: Linker<GuestState> = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut original, wasi).map_err(super::guest::engine_err)?;
-    let original = Arc::new(original);
+    let lk = Arc::new(Hooks {
+        linker: original,
+        module: Module::new(engine, forwarders_wat()).map_err(super::guest::engine_err)?,
+    });
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, wasi).map_err(super::guest::engine_err)?;
     linker.allow_shadowing(true);
+    let e = super::guest::engine_err;
+
+    let o = lk.clone();
     linker
         .func_wrap(
             MODULE,
             "poll_oneoff",
-            move |mut caller: Caller<'_, GuestState>,
-                  subs: i32,
-                  events: i32,
-                  n: i32,
-                  nevents: i32|
-                  -> wasmtime::Result<i32> {
-                match poll_clocks(&mut caller, subs, events, n, nevents)? {
+            move |mut c: Caller<'_, GuestState>, subs: i32, events: i32, n: i32, nevents: i32| {
+                match poll_clocks(&mut c, subs, events, n, nevents)? {
                     Some(errno) => Ok(errno),
                     None => {
-                        let f = match caller.data().original_poll.clone() {
-                            Some(f) => f,
-                            None => {
-                                let f = original
-                                    .get(&mut caller, MODULE, "poll_oneoff")?
-                                    .into_func()
-                                    .ok_or_else(|| {
-                                        wasmtime::format_err!("poll_oneoff is not a function")
-                                    })?
-                                    .typed::<(i32, i32, i32, i32), i32>(&caller)?;
-                                caller.data_mut().original_poll = Some(f.clone());
-                                f
-                            }
-                        };
-                        f.call(&mut caller, (subs, events, n, nevents))
+                        original::poll_oneoff(&mut c, &o)?.call(&mut c, (subs, events, n, nevents))
                     }
                 }
             },
         )
-        .map_err(super::guest::engine_err)?;
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "fd_write",
+            move |mut c: Caller<'_, GuestState>, fd: i32, iovs: i32, n: i32, nwritten: i32| {
+                let f = original::fd_write(&mut c, &o)?;
+                let args = (fd, iovs, n, nwritten);
+                let Some((disk, mem)) = counted(&mut c, fd) else {
+                    return f.call(&mut c, args);
+                };
+                let Some(total) = iov_total(&c, mem, iovs, n) else {
+                    return f.call(&mut c, args);
+                };
+                let Some(before) = fd_stat(&mut c, mem, &o, fd)? else {
+                    return f.call(&mut c, args);
+                };
+                if before.filetype != FILETYPE_REGULAR {
+                    return f.call(&mut c, args);
+                }
+                // Appending writes at the end, others at the position: at most this much more.
+                let at = fd_tell(&mut c, mem, &o, fd)?.unwrap_or(before.size);
+                let grow = at.max(before.size).saturating_add(total) - before.size;
+                resize(&mut c, mem, &o, &disk, fd, before, grow, |c| {
+                    f.call(c, args)
+                })
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "fd_pwrite",
+            move |mut c: Caller<'_, GuestState>,
+                  fd: i32,
+                  iovs: i32,
+                  n: i32,
+                  offset: i64,
+                  nwritten: i32| {
+                let f = original::fd_pwrite(&mut c, &o)?;
+                let args = (fd, iovs, n, offset, nwritten);
+                let Some((disk, mem)) = counted(&mut c, fd) else {
+                    return f.call(&mut c, args);
+                };
+                let Some(total) = iov_total(&c, mem, iovs, n) else {
+                    return f.call(&mut c, args);
+                };
+                let Some(before) = fd_stat(&mut c, mem, &o, fd)? else {
+                    return f.call(&mut c, args);
+                };
+                if before.filetype != FILETYPE_REGULAR {
+                    return f.call(&mut c, args);
+                }
+                let end = (offset as u64).saturating_add(total);
+                let grow = end.max(before.size) - before.size;
+                resize(&mut c, mem, &o, &disk, fd, before, grow, |c| {
+                    f.call(c, args)
+                })
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "fd_filestat_set_size",
+            move |mut c: Caller<'_, GuestState>, fd: i32, size: i64| {
+                let f = original::fd_filestat_set_size(&mut c, &o)?;
+                let Some((disk, mem)) = counted(&mut c, fd) else {
+                    return f.call(&mut c, (fd, size));
+                };
+                let Some(before) = fd_stat(&mut c, mem, &o, fd)? else {
+                    return f.call(&mut c, (fd, size));
+                };
+                let grow = (size as u64).max(before.size) - before.size;
+                resize(&mut c, mem, &o, &disk, fd, before, grow, |c| {
+                    f.call(c, (fd, size))
+                })
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "path_open",
+            move |mut c: Caller<'_, GuestState>,
+                  dirfd: i32,
+                  dirflags: i32,
+                  path: i32,
+                  path_len: i32,
+                  oflags: i32,
+                  base: i64,
+                  inheriting: i64,
+                  fdflags: i32,
+                  opened: i32| {
+                let f = original::path_open(&mut c, &o)?;
+                let args = (
+                    dirfd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened,
+                );
+                let Some((disk, mem)) = counted(&mut c, i32::MAX) else {
+                    return f.call(&mut c, args);
+                };
+                let (creat, trunc) = (oflags & OFLAGS_CREAT != 0, oflags & OFLAGS_TRUNC != 0);
+                let follow = dirflags & LOOKUP_SYMLINK_FOLLOW != 0;
+                let before = if creat || trunc {
+                    path_stat(&mut c, mem, &o, dirfd, follow, path, path_len)?
+                } else {
+                    None
+                };
+                let new_entry = creat && before.is_none();
+                let r = disk
+                    .reserve(0, new_entry as u64)
+                    .map_err(|over| c.data_mut().watch.disk_full(over))?;
+                let errno = f.call(&mut c, args)?;
+                if errno != ERRNO_SUCCESS {
+                    r.settle(0, 0);
+                    return Ok(errno);
+                }
+                let freed = match before {
+                    Some(b) if trunc && b.filetype == FILETYPE_REGULAR => b.size,
+                    _ => 0,
+                };
+                r.settle(-(freed as i64), new_entry as i64);
+                let fd = read_u32(&c, mem, opened);
+                if let Some(fd) = fd
+                    && let Some(st) = fd_stat(&mut c, mem, &o, fd as i32)?
+                    && st.filetype == FILETYPE_REGULAR
+                {
+                    disk.opened(st.id);
+                    c.data_mut().files.fds.insert(fd, (st.id, disk));
+                }
+                Ok(errno)
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "fd_close",
+            move |mut c: Caller<'_, GuestState>, fd: i32| {
+                if let Some((id, disk)) = c.data_mut().files.fds.remove(&(fd as u32)) {
+                    disk.closed(id);
+                }
+                original::fd_close(&mut c, &o)?.call(&mut c, (fd,))
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "fd_renumber",
+            move |mut c: Caller<'_, GuestState>, from: i32, to: i32| {
+                let errno = original::fd_renumber(&mut c, &o)?.call(&mut c, (from, to))?;
+                if errno == ERRNO_SUCCESS && from != to {
+                    let files = &mut c.data_mut().files;
+                    if (0..=2).contains(&to) {
+                        files.stdio_moved = true;
+                    }
+                    if let Some((id, disk)) = files.fds.remove(&(to as u32)) {
+                        disk.closed(id);
+                    }
+                    if let Some(moved) = files.fds.remove(&(from as u32)) {
+                        files.fds.insert(to as u32, moved);
+                    }
+                }
+                Ok(errno)
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "path_unlink_file",
+            move |mut c: Caller<'_, GuestState>, dirfd: i32, path: i32, path_len: i32| {
+                let f = original::path_unlink_file(&mut c, &o)?;
+                let Some((disk, mem)) = counted(&mut c, i32::MAX) else {
+                    return f.call(&mut c, (dirfd, path, path_len));
+                };
+                let before = path_stat(&mut c, mem, &o, dirfd, false, path, path_len)?;
+                let errno = f.call(&mut c, (dirfd, path, path_len))?;
+                if errno == ERRNO_SUCCESS
+                    && let Some(b) = before
+                {
+                    gone(&disk, b);
+                }
+                Ok(errno)
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "path_remove_directory",
+            move |mut c: Caller<'_, GuestState>, dirfd: i32, path: i32, path_len: i32| {
+                let errno = original::path_remove_directory(&mut c, &o)?
+                    .call(&mut c, (dirfd, path, path_len))?;
+                if errno == ERRNO_SUCCESS
+                    && let Some(disk) = c.data().watch.disk.clone()
+                {
+                    disk.changed(0, -1);
+                }
+                Ok(errno)
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "path_rename",
+            move |mut c: Caller<'_, GuestState>,
+                  fd: i32,
+                  old: i32,
+                  old_len: i32,
+                  new_fd: i32,
+                  new: i32,
+                  new_len: i32| {
+                let f = original::path_rename(&mut c, &o)?;
+                let args = (fd, old, old_len, new_fd, new, new_len);
+                let Some((disk, mem)) = counted(&mut c, i32::MAX) else {
+                    return f.call(&mut c, args);
+                };
+                // A rename over an existing name removes what it named.
+                let replaced = path_stat(&mut c, mem, &o, new_fd, false, new, new_len)?;
+                let errno = f.call(&mut c, args)?;
+                if errno == ERRNO_SUCCESS
+                    && let Some(b) = replaced
+                {
+                    gone(&disk, b);
+                }
+                Ok(errno)
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "path_create_directory",
+            move |mut c: Caller<'_, GuestState>, dirfd: i32, path: i32, path_len: i32| {
+                let f = original::path_create_directory(&mut c, &o)?;
+                new_entry(&mut c, 0, |c| f.call(c, (dirfd, path, path_len)))
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "path_symlink",
+            move |mut c: Caller<'_, GuestState>,
+                  old: i32,
+                  old_len: i32,
+                  dirfd: i32,
+                  new: i32,
+                  new_len: i32| {
+                let f = original::path_symlink(&mut c, &o)?;
+                new_entry(&mut c, 0, |c| {
+                    f.call(c, (old, old_len, dirfd, new, new_len))
+                })
+            },
+        )
+        .map_err(e)?;
+
+    let o = lk.clone();
+    linker
+        .func_wrap(
+            MODULE,
+            "path_link",
+            move |mut c: Caller<'_, GuestState>,
+                  old_fd: i32,
+                  old_flags: i32,
+                  old: i32,
+                  old_len: i32,
+                  new_fd: i32,
+                  new: i32,
+                  new_len: i32| {
+                let f = original::path_link(&mut c, &o)?;
+                let args = (old_fd, old_flags, old, old_len, new_fd, new, new_len);
+                let Some((_, mem)) = counted(&mut c, i32::MAX) else {
+                    return f.call(&mut c, args);
+                };
+                // A walk counts every name of a file: a new name is its size again.
+                let follow = old_flags & LOOKUP_SYMLINK_FOLLOW != 0;
+                let size = path_stat(&mut c, mem, &o, old_fd, follow, old, old_len)?
+                    .filter(|s| s.filetype == FILETYPE_REGULAR)
+                    .map_or(0, |s| s.size);
+                new_entry(&mut c, size, |c| f.call(c, args))
+            },
+        )
+        .map_err(e)?;
+
     linker.allow_shadowing(false);
     Ok(linker)
 }
 
-/// The original `poll_oneoff`, cached per store (looking it up makes a function in the store).
-pub type OriginalPoll = TypedFunc<(i32, i32, i32, i32), i32>;
+const OFLAGS_CREAT: i32 = 1;
+const OFLAGS_TRUNC: i32 = 8;
+const LOOKUP_SYMLINK_FOLLOW: i32 = 1;
+const FILETYPE_REGULAR: u8 = 4;
+const FILESTAT_SIZE: usize = 64;
+
+/// wasmtime-wasi's own functions, for the shadows to call. A host function reaches guest memory
+/// through its caller's `memory` export, and a host-to-host call has no caller; so they are
+/// called through a small wasm module per store that imports the guest's memory and exports it
+/// again, with one forwarding function for each.
+pub struct Hooks {
+    linker: Linker<GuestState>,
+    module: Module,
+}
+
+macro_rules! originals {
+    ($($name:ident ( $($p:ident),* );)*) => {
+        const SIGNATURES: &[(&str, &[&str])] = &[$((stringify!($name), &[$(stringify!($p)),*]),)*];
+
+        /// The forwarding functions of a store's module, made when the guest first needs one.
+        #[derive(Default)]
+        pub struct Originals {
+            $($name: Option<TypedFunc<($($p,)*), i32>>,)*
+        }
+
+        impl Originals {
+            fn of(c: &mut Caller<'_, GuestState>, inst: Instance) -> wasmtime::Result<Self> {
+                Ok(Self {
+                    $($name: Some(inst.get_typed_func(&mut *c, stringify!($name))?),)*
+                })
+            }
+        }
+
+        mod original {
+            use super::*;
+            $(
+                pub(super) fn $name(
+                    c: &mut Caller<'_, GuestState>,
+                    h: &Hooks,
+                ) -> wasmtime::Result<TypedFunc<($($p,)*), i32>> {
+                    if c.data().originals.$name.is_none() {
+                        forwarders(c, h)?;
+                    }
+                    Ok(c.data().originals.$name.clone().expect("made by forwarders"))
+                }
+            )*
+        }
+    };
+}
+
+originals! {
+    poll_oneoff(i32, i32, i32, i32);
+    fd_write(i32, i32, i32, i32);
+    fd_pwrite(i32, i32, i32, i64, i32);
+    fd_filestat_set_size(i32, i64);
+    fd_filestat_get(i32, i32);
+    fd_tell(i32, i32);
+    fd_close(i32);
+    fd_renumber(i32, i32);
+    path_open(i32, i32, i32, i32, i32, i64, i64, i32, i32);
+    path_filestat_get(i32, i32, i32, i32, i32);
+    path_unlink_file(i32, i32, i32);
+    path_remove_directory(i32, i32, i32);
+    path_rename(i32, i32, i32, i32, i32, i32);
+    path_create_directory(i32, i32, i32);
+    path_symlink(i32, i32, i32, i32, i32);
+    path_link(i32, i32, i32, i32, i32, i32, i32);
+}
+
+/// The forwarding module's text.
+fn forwarders_wat() -> String {
+    let mut imports = String::new();
+    let mut funcs = String::new();
+    for (name, params) in SIGNATURES {
+        let ps = params.join(" ");
+        imports.push_str(&format!(
+            "(import \"{MODULE}\" \"{name}\" (func ${name} (param {ps}) (result i32)))\n"
+        ));
+        let gets: String = (0..params.len())
+            .map(|i| format!("local.get {i} "))
+            .collect();
+        funcs.push_str(&format!(
+            "(func (export \"{name}\") (param {ps}) (result i32) {gets}call ${name})\n"
+        ));
+    }
+    format!(
+        "(module (import \"env\" \"memory\" (memory 0))\n{imports}(export \"memory\" (memory 0))\n{funcs})"
+    )
+}
+
+/// Instantiates the forwarding module in the guest's store, on its memory.
+fn forwarders(c: &mut Caller<'_, GuestState>, h: &Hooks) -> wasmtime::Result<()> {
+    let Some(Extern::Memory(mem)) = c.get_export("memory") else {
+        wasmtime::bail!("the guest exports no memory");
+    };
+    let mut imports: Vec<Extern> = vec![mem.into()];
+    for (name, _) in SIGNATURES {
+        imports.push(h.linker.get(&mut *c, MODULE, name)?);
+    }
+    let inst = Instance::new(&mut *c, &h.module, &imports)?;
+    let originals = Originals::of(c, inst)?;
+    c.data_mut().originals = originals;
+    Ok(())
+}
+
+/// The guest's open regular files as its budget knows them; released when the store goes.
+#[derive(Default)]
+pub struct OpenFiles {
+    fds: HashMap<u32, (FileId, Arc<DiskBudget>)>,
+    /// `fd_renumber` put something on stdin, stdout or stderr: writes there may reach a file.
+    stdio_moved: bool,
+}
+
+impl Drop for OpenFiles {
+    fn drop(&mut self) {
+        for (_, (id, disk)) in self.fds.drain() {
+            disk.closed(id);
+        }
+    }
+}
+
+/// A file as `fd_filestat_get` / `path_filestat_get` describe it.
+#[derive(Clone, Copy)]
+struct Stat {
+    id: FileId,
+    filetype: u8,
+    nlink: u64,
+    size: u64,
+}
+
+/// The guest's budget and memory when a write to `fd` counts: the guest has a budget, and `fd`
+/// is not the captured stdio (which has caps of its own).
+fn counted(c: &mut Caller<'_, GuestState>, fd: i32) -> Option<(Arc<DiskBudget>, Memory)> {
+    let d = c.data();
+    let disk = d.watch.disk.clone()?;
+    if (0..=2).contains(&fd) && !d.files.stdio_moved {
+        return None;
+    }
+    match c.get_export("memory") {
+        Some(Extern::Memory(m)) => Some((disk, m)),
+        _ => None,
+    }
+}
+
+/// Runs a call that may make `fd`'s file up to `grow` bytes larger, within the budget, and
+/// counts what it did.
+#[allow(clippy::too_many_arguments)]
+fn resize(
+    c: &mut Caller<'_, GuestState>,
+    mem: Memory,
+    lk: &Hooks,
+    disk: &DiskBudget,
+    fd: i32,
+    before: Stat,
+    grow: u64,
+    call: impl FnOnce(&mut Caller<'_, GuestState>) -> wasmtime::Result<i32>,
+) -> wasmtime::Result<i32> {
+    let r = disk
+        .reserve(grow, 0)
+        .map_err(|over| c.data_mut().watch.disk_full(over))?;
+    let errno = call(c)?;
+    let after = match fd_stat(c, mem, lk, fd)? {
+        Some(s) => s.size,
+        None => before.size + grow,
+    };
+    r.settle(after as i64 - before.size as i64, 0);
+    if before.nlink == 0 {
+        disk.orphan_resized(before.id, after);
+    }
+    Ok(errno)
+}
+
+/// Runs a call that makes one entry (and, for a hard link, `bytes` more), within the budget.
+fn new_entry(
+    c: &mut Caller<'_, GuestState>,
+    bytes: u64,
+    call: impl FnOnce(&mut Caller<'_, GuestState>) -> wasmtime::Result<i32>,
+) -> wasmtime::Result<i32> {
+    let Some(disk) = c.data().watch.disk.clone() else {
+        return call(c);
+    };
+    let r = disk
+        .reserve(bytes, 1)
+        .map_err(|over| c.data_mut().watch.disk_full(over))?;
+    let errno = call(c)?;
+    if errno == ERRNO_SUCCESS {
+        r.settle(bytes as i64, 1);
+    } else {
+        r.settle(0, 0);
+    }
+    Ok(errno)
+}
+
+/// Counts a name that went away.
+fn gone(disk: &DiskBudget, b: Stat) {
+    if b.filetype == FILETYPE_REGULAR {
+        disk.unlinked(b.id, b.size, b.nlink <= 1);
+    } else {
+        disk.changed(0, -1);
+    }
+}
+
+/// Bytes an `iovec` array asks to write; `None` when it is not in memory (the call fails).
+fn iov_total(c: &Caller<'_, GuestState>, mem: Memory, iovs: i32, n: i32) -> Option<u64> {
+    let data = mem.data(c);
+    let (at, n) = (iovs as u32 as usize, n as u32 as usize);
+    let bytes = data.get(at..at.checked_add(n.checked_mul(8)?)?)?;
+    Some(
+        bytes
+            .chunks_exact(8)
+            .map(|iov| u32::from_le_bytes(iov[4..8].try_into().unwrap()) as u64)
+            .sum(),
+    )
+}
+
+fn read_u32(c: &Caller<'_, GuestState>, mem: Memory, at: i32) -> Option<u32> {
+    let at = at as u32 as usize;
+    let b = mem.data(c).get(at..at.checked_add(4)?)?;
+    Some(u32::from_le_bytes(b.try_into().unwrap()))
+}
+
+/// Calls `f` with the address of [`FILESTAT_SIZE`] bytes of guest memory to answer in, reads
+/// the answer and gives the guest its bytes back. The guest is single-threaded and not running
+/// while its host call runs, so nothing else sees them. `None` when the call failed.
+fn scratch_call(
+    c: &mut Caller<'_, GuestState>,
+    mem: Memory,
+    f: impl FnOnce(&mut Caller<'_, GuestState>, i32) -> wasmtime::Result<i32>,
+) -> wasmtime::Result<Option<[u8; FILESTAT_SIZE]>> {
+    let len = mem.data_size(&*c);
+    let Some(at) = len.checked_sub(FILESTAT_SIZE) else {
+        return Ok(None);
+    };
+    let mut saved = [0u8; FILESTAT_SIZE];
+    saved.copy_from_slice(&mem.data(&*c)[at..at + FILESTAT_SIZE]);
+    let errno = f(c, at as u32 as i32);
+    let data = mem.data_mut(&mut *c);
+    let mut out = [0u8; FILESTAT_SIZE];
+    out.copy_from_slice(&data[at..at + FILESTAT_SIZE]);
+    data[at..at + FILESTAT_SIZE].copy_from_slice(&saved);
+    Ok((errno? == ERRNO_SUCCESS).then_some(out))
+}
+
+fn parse_stat(b: [u8; FILESTAT_SIZE]) -> Stat {
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    Stat {
+        id: (u64_at(0), u64_at(8)),
+        filetype: b[16],
+        nlink: u64_at(24),
+        size: u64_at(32),
+    }
+}
+
+fn fd_stat(
+    c: &mut Caller<'_, GuestState>,
+    mem: Memory,
+    lk: &Hooks,
+    fd: i32,
+) -> wasmtime::Result<Option<Stat>> {
+    let f = original::fd_filestat_get(c, lk)?;
+    Ok(scratch_call(c, mem, |c, at| f.call(c, (fd, at)))?.map(parse_stat))
+}
+
+fn fd_tell(
+    c: &mut Caller<'_, GuestState>,
+    mem: Memory,
+    lk: &Hooks,
+    fd: i32,
+) -> wasmtime::Result<Option<u64>> {
+    let f = original::fd_tell(c, lk)?;
+    Ok(scratch_call(c, mem, |c, at| f.call(c, (fd, at)))?
+        .map(|b| u64::from_le_bytes(b[..8].try_into().unwrap())))
+}
+
+fn path_stat(
+    c: &mut Caller<'_, GuestState>,
+    mem: Memory,
+    lk: &Hooks,
+    dirfd: i32,
+    follow: bool,
+    path: i32,
+    path_len: i32,
+) -> wasmtime::Result<Option<Stat>> {
+    let f = original::path_filestat_get(c, lk)?;
+    let flags = if follow { LOOKUP_SYMLINK_FOLLOW } else { 0 };
+    Ok(scratch_call(c, mem, |c, at| {
+        f.call(c, (dirfd, flags, path, path_len, at))
+    })?
+    .map(parse_stat))
+}
 
 /// `poll_oneoff` for subscriptions that are all clocks: waits for the first to expire and
 /// reports every one that has. `None` when any subscription is on a descriptor.

@@ -10,6 +10,7 @@
 
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use cap_std::ambient_authority;
@@ -18,13 +19,8 @@ use serde::Serialize;
 
 use crate::lang::guest::WORKSPACE_GUEST;
 
-/// The most a sandbox's workspace may hold.
-#[derive(Clone, Copy, Debug)]
-pub struct Quota {
-    pub max_bytes: u64,
-    /// Files and directories.
-    pub max_entries: u64,
-}
+pub use crate::engine::disk::Quota;
+use crate::engine::disk::{DiskBudget, Over};
 
 /// What went wrong with a file operation, in terms the caller can act on.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +38,7 @@ pub enum FsError {
     #[error("{0} is not a directory")]
     NotADirectory(String),
     #[error(
-        "{path}: disk quota exceeded: the workspace would hold {would} of its {limit} allowed {what}; remove files (file_remove) first"
+        "{path}: disk quota exceeded: /workspace and /tmp would hold {would} of their {limit} allowed {what}; remove files (file_remove) first"
     )]
     Quota {
         path: String,
@@ -120,7 +116,8 @@ pub struct Workspace {
     /// Host directory holding `workspace/` and `tmp/`; removed with the sandbox.
     root: PathBuf,
     dir: Dir,
-    quota: Quota,
+    /// `workspace/` and `tmp/` together, shared with the sandbox's guests.
+    budget: Arc<DiskBudget>,
 }
 
 impl Workspace {
@@ -134,7 +131,8 @@ impl Workspace {
         b.create(root.join("workspace"))?;
         b.create(root.join("tmp"))?;
         let dir = Dir::open_ambient_dir(root.join("workspace"), ambient_authority())?;
-        Ok(Self { root, dir, quota })
+        let budget = DiskBudget::empty(vec![root.join("workspace"), root.join("tmp")], quota);
+        Ok(Self { root, dir, budget })
     }
 
     /// Opens the workspace a previous server left at `<parent>/<id>` (restart recovery).
@@ -142,7 +140,8 @@ impl Workspace {
         let root = parent.join(id);
         std::fs::create_dir_all(root.join("tmp"))?;
         let dir = Dir::open_ambient_dir(root.join("workspace"), ambient_authority())?;
-        Ok(Self { root, dir, quota })
+        let budget = DiskBudget::new(vec![root.join("workspace"), root.join("tmp")], quota);
+        Ok(Self { root, dir, budget })
     }
 
     /// The host directory holding `workspace/`, `tmp/` and the registry's files.
@@ -159,7 +158,12 @@ impl Workspace {
     }
 
     pub fn quota(&self) -> Quota {
-        self.quota
+        self.budget.quota()
+    }
+
+    /// The disk budget of `/workspace` and `/tmp`, which the sandbox's guests write against.
+    pub fn budget(&self) -> &Arc<DiskBudget> {
+        &self.budget
     }
 
     /// Deletes everything of the sandbox on the host.
@@ -332,24 +336,12 @@ impl Workspace {
         if let Ok(m) = self.dir.metadata(&p.rel) {
             regular(&p, &m)?;
         }
-        let (used, entries) = self.usage();
-        let would = used.saturating_sub(old.unwrap_or(0)) + bytes.len() as u64;
-        if would > self.quota.max_bytes {
-            return Err(FsError::Quota {
-                path: p.guest,
-                what: "bytes",
-                would,
-                limit: self.quota.max_bytes,
-            });
-        }
-        if old.is_none() && entries + 1 > self.quota.max_entries {
-            return Err(FsError::Quota {
-                path: p.guest,
-                what: "files and directories",
-                would: entries + 1,
-                limit: self.quota.max_entries,
-            });
-        }
+        let len = bytes.len() as u64;
+        let grow = len.saturating_sub(old.unwrap_or(0));
+        let reserved = self
+            .budget
+            .reserve(grow, old.is_none() as u64)
+            .map_err(|o| quota_err(&p, o))?;
         if let Some(parent) = p.rel.parent().filter(|d| !d.as_os_str().is_empty()) {
             self.dir.create_dir_all(parent).map_err(|e| io_err(&p, e))?;
         }
@@ -359,6 +351,7 @@ impl Workspace {
         let mut file = self.dir.open_with(&p.rel, &o).map_err(|e| io_err(&p, e))?;
         regular(&p, &file.metadata().map_err(|e| io_err(&p, e))?)?;
         file.write_all(bytes).map_err(|e| io_err(&p, e))?;
+        reserved.settle(len as i64 - old.unwrap_or(0) as i64, old.is_none() as i64);
         Ok(p)
     }
 
@@ -421,51 +414,30 @@ impl Workspace {
 
     pub fn mkdir(&self, path: &str) -> Result<GuestPath, FsError> {
         let p = self.resolve(path)?;
-        let (_, entries) = self.usage();
-        if entries + 1 > self.quota.max_entries {
-            return Err(FsError::Quota {
-                path: p.guest,
-                what: "files and directories",
-                would: entries + 1,
-                limit: self.quota.max_entries,
-            });
-        }
+        let reserved = self.budget.reserve(0, 1).map_err(|o| quota_err(&p, o))?;
         let mut b = DirBuilder::new();
         b.recursive(true);
         self.dir
             .create_dir_with(&p.rel, &b)
             .map_err(|e| io_err(&p, e))?;
+        reserved.settle(0, 1);
         Ok(p)
     }
 
-    /// Bytes and entries under the workspace (symlinks count as entries, not followed).
+    /// Bytes and entries under `/workspace` and `/tmp` (symlinks count as entries, not
+    /// followed); a tree that cannot be measured counts as full.
     pub fn usage(&self) -> (u64, u64) {
-        let mut bytes = 0;
-        let mut entries = 0;
-        let mut stack = vec![PathBuf::from(".")];
-        while let Some(d) = stack.pop() {
-            let Ok(rd) = self.dir.read_dir(&d) else {
-                continue;
-            };
-            for e in rd.flatten() {
-                entries += 1;
-                let Ok(ft) = e.file_type() else { continue };
-                if ft.is_dir() {
-                    stack.push(d.join(e.file_name()));
-                } else if ft.is_file()
-                    && let Ok(m) = e.metadata()
-                {
-                    bytes += m.len();
-                }
-            }
-        }
-        (bytes, entries)
+        let q = self.budget.quota();
+        self.budget.usage().unwrap_or((
+            q.max_bytes.saturating_add(1),
+            q.max_entries.saturating_add(1),
+        ))
     }
 
-    /// Whether the workspace holds more than its quota allows.
-    pub fn over_quota(&self) -> bool {
-        let (bytes, entries) = self.usage();
-        bytes > self.quota.max_bytes || entries > self.quota.max_entries
+    /// Whether `/workspace` and `/tmp` hold more than the quota allows (a walk only when the
+    /// count says so).
+    pub fn over_quota(&self) -> Option<Over> {
+        self.budget.over_quota()
     }
 
     /// Makes sure a working directory exists: under `/workspace` (created if missing) or `/tmp`.
@@ -509,6 +481,20 @@ impl Workspace {
             Ok(m) => Ok(m.is_dir()),
             Err(e) => Err(io_err(p, e)),
         }
+    }
+}
+
+fn quota_err(p: &GuestPath, o: Over) -> FsError {
+    let (what, would, limit) = if o.entries > o.quota.max_entries {
+        ("files and directories", o.entries, o.quota.max_entries)
+    } else {
+        ("bytes", o.bytes, o.quota.max_bytes)
+    };
+    FsError::Quota {
+        path: p.guest.clone(),
+        what,
+        would,
+        limit,
     }
 }
 

@@ -74,7 +74,7 @@ impl Job {
     /// Counts the job's output in `kept` (its sandbox's) once it ends.
     pub fn keep_output_in(self: &Arc<Self>, kept: Arc<KeptOutput>) {
         let _ = self.kept_in.set(kept);
-        if !self.running() {
+        if self.end.lock().unwrap().is_some() {
             self.count_output();
         }
     }
@@ -112,8 +112,10 @@ impl Job {
         }
     }
 
+    /// Until its result is published and its output counted (so a listing that shows it ended
+    /// also shows what its sandbox keeps of it).
     pub fn running(&self) -> bool {
-        self.end.lock().unwrap().is_none()
+        !*self.done.borrow()
     }
 
     pub fn kill(&self) {
@@ -151,7 +153,8 @@ impl Job {
             "language": self.language,
             "started_at": rfc3339(self.started_at),
         });
-        match &*end {
+        let end = if self.running() { &None } else { &*end };
+        match end {
             None => {
                 let (so, se) = (self.output.0.peek(), self.output.1.peek());
                 let mut stdout = String::from_utf8_lossy(&so.bytes).into_owned();

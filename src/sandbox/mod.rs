@@ -305,13 +305,12 @@ impl Sandbox {
     /// Where an execution with working directory `cwd` (a guest path, already made to exist)
     /// runs, stopped by `stop`.
     pub fn place(&self, cwd: String, stop: Arc<Stop>) -> Place {
-        let fs = self.fs.clone();
         Place {
             workspace: self.fs.host_workspace(),
             tmp: self.fs.host_tmp(),
             cwd,
             stop,
-            over_quota: Some(Arc::new(move || fs.over_quota())),
+            disk: Some(self.fs.budget().clone()),
             output: None,
         }
     }
