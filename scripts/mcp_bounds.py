@@ -97,11 +97,58 @@ async def main():
         passed = sum(1 for x in rs if not x.is_error)
         check(passed <= 5 and held(root) <= 50 * MB, f"8 concurrent 10 MB file_write under 50 MB: {passed} passed, {held(root) / MB:.1f} MB")
 
-        # A sparse 1 TiB file read by the file tools: a window, and the server keeps serving.
+        # A sparse 1 TiB file (made on the host) read by the file tools: a window.
         await call(s, "execute_code", sandbox_id=sb, code="import os\nfor f in os.listdir('/workspace'): os.remove('/workspace/' + f)")
-        v = await call(s, "file_read", sandbox_id=sb, path="/workspace/none")
+        with open(os.path.join(root, "workspace", "sparse"), "wb") as f:
+            f.truncate(1 << 40)
+        t = time.monotonic()
+        v = await call(s, "file_read", sandbox_id=sb, path="/workspace/sparse")
+        check(
+            v.get("size_bytes") == 1 << 40 and v.get("truncated") is True and len(json.dumps(v)) < 100_000,
+            f"file_read of a sparse 1 TiB file: a window of {len(v.get('content', ''))} characters, {time.monotonic() - t:.2f} s",
+        )
+        v = await call(s, "file_download", sandbox_id=sb, path="/workspace/sparse")
+        check(v.get("truncated") is True and len(json.dumps(v)) < 8 * MB, f"file_download of it: {len(json.dumps(v)) / MB:.1f} MB answer")
+
+        # Errors name guest paths, never the data directory or the temp directory.
+        texts = []
+        for tool, args in [
+            ("file_read", {"path": "/workspace/missing"}),
+            ("file_read", {"path": "/workspace"}),
+            ("run_command", {"command": "python /workspace/missing.py"}),
+        ]:
+            r = await s.call_tool(tool, {"sandbox_id": sb, **args})
+            texts.append(r.content[0].text)
+        leaked = [t for t in texts if data in t or tempfile.gettempdir() + "/wasmbox" in t]
+        check(not leaked, f"no host path in {len(texts)} errors")
+
+        # Guest code replaces the rich hook and prints 300,000 outputs: the reply stays bounded.
+        flood = (
+            "import _wasmbox, json\n"
+            "def flood(*a):\n"
+            "    print(json.dumps({'outputs': [{'type': 'image/png', 'data': 'iVBORw0KGgo='}] * 300000, 'notes': ['n' * 10000] * 1000}))\n"
+            "_wasmbox.rich = flood"
+        )
+        await call(s, "execute_code", sandbox_id=sb, code=flood)
+        t = time.monotonic()
+        r = await s.call_tool("execute_code", {"sandbox_id": sb, "mode": "rich", "code": "print('cell')"})
+        check(len(r.content) <= 20 and time.monotonic() - t < 10, f"a forged rich flood: {len(r.content)} content blocks, {time.monotonic() - t:.2f} s")
+
         v = await call(s, "execute_code", code="print(1)")
         check(v.get("stdout") == "1\n", "the server still serves")
+
+    # A corrupt meta.json at the next start is quarantined, listed to the local user, deletable.
+    with open(os.path.join(data, "sandboxes", sb, "meta.json"), "w") as f:
+        f.write('{"id": "torn')
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        v = await call(s, "list_sandboxes")
+        q = [x for x in v.get("data", []) if x.get("status") == "quarantined"]
+        check(len(q) == 1, f"a corrupt meta.json is quarantined and listed: {[x.get('reason') for x in q]}")
+        if q:
+            r = await s.call_tool("delete_sandbox", {"sandbox_id": q[0]["sandbox_id"]})
+            v = await call(s, "list_sandboxes")
+            check(not r.is_error and not any(x.get("status") == "quarantined" for x in v.get("data", [])), "delete_sandbox removes it")
     if check.failed:
         sys.exit(1)
 

@@ -205,7 +205,8 @@ impl CappedOutput {
         }
     }
 
-    fn push(&self, bytes: &[u8]) -> Result<(), StreamError> {
+    /// Appends what the guest wrote; past the kill factor, an error that stops the guest.
+    pub(crate) fn push(&self, bytes: &[u8]) -> Result<(), StreamError> {
         if failpoint("stdout-panic") && bytes.windows(23).any(|w| w == b"wasmbox-failpoint-panic") {
             panic!("failpoint stdout-panic: a panic inside the fd_write host function");
         }

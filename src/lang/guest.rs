@@ -32,6 +32,8 @@ pub struct GuestState {
     pub(super) watch: Watch,
     pub(super) originals: super::wasi::Originals,
     pub(super) files: super::wasi::OpenFiles,
+    /// The captured stdout and stderr, which `fd_write` fills directly.
+    pub(super) stdio: [CappedOutput; 2],
 }
 
 /// A linker with WASI preview 1 (its waits interruptible), the only host interface guests get.
@@ -146,6 +148,7 @@ impl Guest {
                 watch,
                 originals: Default::default(),
                 files: Default::default(),
+                stdio: [stdout.clone(), stderr.clone()],
             },
         );
         store.limiter(|s| &mut s.limiter);

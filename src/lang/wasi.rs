@@ -220,6 +220,9 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
             MODULE,
             "fd_write",
             move |mut c: Caller<'_, GuestState>, fd: i32, iovs: i32, n: i32, nwritten: i32| {
+                if let Some(errno) = write_stdio(&mut c, fd, iovs, n, nwritten)? {
+                    return Ok(errno);
+                }
                 let f = original::fd_write(&mut c, &o)?;
                 let args = (fd, iovs, n, nwritten);
                 let Some((disk, mem)) = counted(&mut c, fd) else {
@@ -668,6 +671,58 @@ fn counted(c: &mut Caller<'_, GuestState>, fd: i32) -> Option<(Arc<DiskBudget>, 
         Some(Extern::Memory(m)) => Some((disk, m)),
         _ => None,
     }
+}
+
+/// `fd_write` on the captured stdout or stderr, straight into its buffer (no disk, and no need
+/// for the forwarding module). `None` when `fd` is something else.
+fn write_stdio(
+    c: &mut Caller<'_, GuestState>,
+    fd: i32,
+    iovs: i32,
+    n: i32,
+    nwritten: i32,
+) -> wasmtime::Result<Option<i32>> {
+    let d = c.data();
+    if !(1..=2).contains(&fd) || d.files.stdio_moved {
+        return Ok(None);
+    }
+    let out = d.stdio[fd as usize - 1].clone();
+    let Some(Extern::Memory(mem)) = c.get_export("memory") else {
+        return Ok(None);
+    };
+    let data = mem.data_mut(&mut *c);
+    let (at, count) = (iovs as u32 as usize, n as u32 as usize);
+    let Some(list) = count
+        .checked_mul(8)
+        .and_then(|len| data.get(at..at.checked_add(len)?))
+    else {
+        return Ok(Some(ERRNO_FAULT));
+    };
+    let mut spans = Vec::with_capacity(count);
+    for iov in list.chunks_exact(8) {
+        let ptr = u32::from_le_bytes(iov[0..4].try_into().unwrap()) as usize;
+        let len = u32::from_le_bytes(iov[4..8].try_into().unwrap()) as usize;
+        match ptr.checked_add(len) {
+            Some(end) if end <= data.len() => spans.push((ptr, end)),
+            _ => return Ok(Some(ERRNO_FAULT)),
+        }
+    }
+    let Some(nw) = (nwritten as u32 as usize)
+        .checked_add(4)
+        .filter(|end| *end <= data.len())
+    else {
+        return Ok(Some(ERRNO_FAULT));
+    };
+    let mut total = 0u32;
+    for (start, end) in spans {
+        match out.push(&data[start..end]) {
+            Ok(()) => total = total.wrapping_add((end - start) as u32),
+            Err(wasmtime_wasi::p2::StreamError::Trap(e)) => return Err(e),
+            Err(e) => return Err(wasmtime::format_err!("{e}")),
+        }
+    }
+    data[nw - 4..nw].copy_from_slice(&total.to_le_bytes());
+    Ok(Some(ERRNO_SUCCESS))
 }
 
 /// Runs a call that may make `fd`'s file up to `grow` bytes larger, within the budget, and

@@ -1444,20 +1444,22 @@ impl WasmboxServer {
             Ok(sb) => sb,
             Err(r) => return r,
         };
-        let jobs = sb.jobs();
-        let total = jobs.len();
-        let shown = max_results(a.max_results, total);
         let budget = self.wasmbox.config().result_bytes;
-        let share = output_share(budget, shown);
-        let processes = jobs.iter().take(shown).map(|j| j.info(share));
-        ok_result(fit_list(
-            json!({}),
-            "processes",
-            processes,
-            total,
-            shown < total,
-            budget,
-        ))
+        let answer = sb.with_jobs(|jobs| {
+            let total = jobs.len();
+            let shown = max_results(a.max_results, total);
+            let share = output_share(budget, shown);
+            let processes = jobs.iter().take(shown).map(|j| j.info(share));
+            fit_list(
+                json!({}),
+                "processes",
+                processes,
+                total,
+                shown < total,
+                budget,
+            )
+        });
+        ok_result(answer)
     }
 
     fn kill_job(&self, a: KillArgs) -> CallToolResult {

@@ -408,6 +408,13 @@ impl KeptOutput {
         }
     }
 
+    /// Runs `f` while no job's output is dropped: a listing then shows one state of the
+    /// sandbox's jobs (a job that ends meanwhile waits, and is listed as running).
+    pub fn steady<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _held = self.state.lock().unwrap();
+        f()
+    }
+
     /// Output bytes counted now.
     pub fn total(&self) -> usize {
         self.state.lock().unwrap().total

@@ -430,6 +430,12 @@ impl Sandbox {
         self.jobs.lock().unwrap().clone()
     }
 
+    /// `f` of the jobs, while none of their output is dropped (see [`jobs::KeptOutput::steady`]).
+    pub fn with_jobs<R>(&self, f: impl FnOnce(&[Arc<Job>]) -> R) -> R {
+        let jobs = self.jobs();
+        self.kept_output.steady(|| f(&jobs))
+    }
+
     pub fn job(&self, id: &str) -> Result<Arc<Job>, SandboxError> {
         self.jobs
             .lock()
