@@ -37,8 +37,15 @@ def check(ok, what):
 check.failed = False
 
 
-def held(path):
-    """Apparent bytes under a host directory."""
+def held(sandbox_root):
+    """Apparent bytes under a sandbox's host /workspace and /tmp."""
+    total = 0
+    for d in ("workspace", "tmp"):
+        total += walked(os.path.join(sandbox_root, d))
+    return total
+
+
+def walked(path):
     total = 0
     for root, _, files in os.walk(path):
         for f in files:
@@ -146,7 +153,7 @@ async def main():
         q = [x for x in v.get("data", []) if x.get("status") == "quarantined"]
         check(len(q) == 1, f"a corrupt meta.json is quarantined and listed: {[x.get('reason') for x in q]}")
         if q:
-            r = await s.call_tool("delete_sandbox", {"sandbox_id": q[0]["sandbox_id"]})
+            r = await s.call_tool("delete_sandbox", {"id": q[0]["sandbox_id"]})
             v = await call(s, "list_sandboxes")
             check(not r.is_error and not any(x.get("status") == "quarantined" for x in v.get("data", [])), "delete_sandbox removes it")
     if check.failed:
