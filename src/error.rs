@@ -27,6 +27,9 @@ pub enum Error {
     #[error("the server is busy: {0}")]
     Busy(String),
 
+    #[error("the client cancelled the call{0}")]
+    Cancelled(&'static str),
+
     #[error("wasm engine error: {0}")]
     Engine(String),
 

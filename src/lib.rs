@@ -42,6 +42,8 @@ pub struct ExecOptions {
     pub memory_mb: Option<u64>,
     /// Echo the value of a final expression (default: no, like `python -c`).
     pub echo: bool,
+    /// Raised when the caller gives up on the call (see [`ExecRequest::cancel`]).
+    pub cancel: Option<Arc<engine::limits::Stop>>,
 }
 
 /// The sandbox service: one engine, the loaded runtimes, and the limits.
@@ -399,6 +401,7 @@ impl Wasmbox {
             echo: opts.echo,
             place: None,
             scratch_quota: cfg.oneshot_quota,
+            cancel: opts.cancel,
         })
     }
 
@@ -446,26 +449,35 @@ impl Wasmbox {
         let client = self.cloud()?;
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
         let language = req.language.as_str();
-        let r = match route
-            .template
-            .filter(|t| !cloud::LOCAL_TEMPLATES.contains(t))
-        {
-            None => {
-                client
-                    .oneshot(language, &req.code, req.timeout, &req.env)
-                    .await?
+        let run = async {
+            match route
+                .template
+                .filter(|t| !cloud::LOCAL_TEMPLATES.contains(t))
+            {
+                None => {
+                    client
+                        .oneshot(language, &req.code, req.timeout, &req.env)
+                        .await
+                }
+                Some(template) => {
+                    let mut create = cloud::CreateSandbox::new(template);
+                    create.internet_access = Some(route.internet_access);
+                    create.timeout_seconds = Some(client.config().oneshot_timeout(req.timeout));
+                    let mut exec = cloud::ExecuteRequest::new(language, req.code.clone());
+                    exec.timeout = req.timeout;
+                    exec.env = req.env.clone();
+                    exec.workdir = Some(lang::guest::WORKSPACE_GUEST.into());
+                    client
+                        .with_sandbox(&create, |sb| async move { sb.execute(&exec).await })
+                        .await
+                }
             }
-            Some(template) => {
-                let mut create = cloud::CreateSandbox::new(template);
-                create.internet_access = Some(route.internet_access);
-                create.timeout_seconds = Some(client.config().oneshot_timeout(req.timeout));
-                let mut exec = cloud::ExecuteRequest::new(language, req.code.clone());
-                exec.timeout = req.timeout;
-                exec.env = req.env.clone();
-                exec.workdir = Some(lang::guest::WORKSPACE_GUEST.into());
-                client
-                    .with_sandbox(&create, |sb| async move { sb.execute(&exec).await })
-                    .await?
+        };
+        // Dropping the run on cancellation deletes its cloud sandbox (the client's guard).
+        let r = tokio::select! {
+            r = run => r?,
+            _ = cancelled(req.cancel.as_deref()) => {
+                return Err(Error::Cancelled("; its HOPX sandbox is deleted"));
             }
         };
         let id = r.sandbox_id.clone();
@@ -916,6 +928,9 @@ fn in_session<S>(
         let why = match r.limit {
             Some(l) => format!("it hit the {} limit", l.as_str()),
             None if r.exit_code == lang::guest::EXIT_KILLED => "it was stopped".to_string(),
+            None if r.exit_code == lang::guest::EXIT_CANCELLED => {
+                "its call was cancelled by the client".to_string()
+            }
             None => format!("it exited with status {}", r.exit_code),
         };
         notes.push(format!(
@@ -927,6 +942,17 @@ fn in_session<S>(
     notes.append(&mut r.notes);
     r.notes = notes;
     Ok(r)
+}
+
+/// Resolves once `cancel` is raised; never without one. (A `Stop` is a plain atomic, so it is
+/// polled, at the pace guests check it.)
+pub async fn cancelled(cancel: Option<&engine::limits::Stop>) {
+    let Some(cancel) = cancel else {
+        return std::future::pending().await;
+    };
+    while cancel.reason().is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// `run`, then [`quota_note`] on the same thread: confirming an over-quota count is a

@@ -225,6 +225,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 timeout_secs: timeout,
                 memory_mb,
                 echo: false,
+                cancel: None,
             })?;
             let result = wasmbox.execute(req).await?;
             // A closed stdout (e.g. piped into `head`) is not an error worth a panic.

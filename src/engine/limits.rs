@@ -53,6 +53,8 @@ pub enum StopReason {
     SandboxGone,
     /// The workspace went over its disk quota.
     DiskQuota,
+    /// The client gave up on the call (MCP `notifications/cancelled`).
+    Cancelled,
 }
 
 /// A flag a guest's epoch callback checks: how background jobs are killed and how a sandbox's
@@ -67,6 +69,7 @@ impl Stop {
             StopReason::Killed => 1,
             StopReason::SandboxGone => 2,
             StopReason::DiskQuota => 3,
+            StopReason::Cancelled => 4,
         };
         // The first reason wins: a kill stays a kill even if the sandbox goes next.
         let _ = self.0.compare_exchange(
@@ -82,6 +85,7 @@ impl Stop {
             1 => Some(StopReason::Killed),
             2 => Some(StopReason::SandboxGone),
             3 => Some(StopReason::DiskQuota),
+            4 => Some(StopReason::Cancelled),
             _ => None,
         }
     }
@@ -97,6 +101,7 @@ impl std::fmt::Display for Stopped {
             StopReason::Killed => write!(f, "the execution was killed"),
             StopReason::SandboxGone => write!(f, "the sandbox was deleted or expired"),
             StopReason::DiskQuota => write!(f, "the workspace went over its disk quota"),
+            StopReason::Cancelled => write!(f, "the client cancelled the call"),
         }
     }
 }

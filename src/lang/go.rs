@@ -738,9 +738,13 @@ fn kill_group(child: &mut Child) {
     }
 }
 
-/// The reason the caller's stop flag was raised, if it was (a sandboxed execution).
+/// The reason the caller's stop flag (a sandboxed execution's) or the call's own cancel flag
+/// was raised, if one was.
 fn stopped(req: &ExecRequest) -> Option<StopReason> {
-    req.place.as_ref().and_then(|p| Stop::reason(&p.stop))
+    req.place
+        .as_ref()
+        .and_then(|p| Stop::reason(&p.stop))
+        .or_else(|| req.cancel.as_deref().and_then(Stop::reason))
 }
 
 /// A file's bytes, or its length when over `cap`: checked before reading, and the read cannot
@@ -907,6 +911,11 @@ fn stopped_result(why: StopReason, req: &ExecRequest, start: Instant) -> ExecRes
             1,
             Some(LimitHit::Disk),
             "the workspace went over its disk quota",
+        ),
+        StopReason::Cancelled => (
+            super::guest::EXIT_CANCELLED,
+            None,
+            "the client cancelled the call",
         ),
     };
     let mut r = timeout_result(Stage::Compile, req, start);

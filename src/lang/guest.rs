@@ -55,8 +55,12 @@ pub struct GuestSpec<'a> {
 /// reports a SIGKILLed process.
 pub const EXIT_KILLED: i32 = 137;
 
-/// How often (in epoch ticks) a sandboxed guest's callback looks at its stop flag.
-const WATCH_TICKS: u64 = 10;
+/// Exit code of a guest whose client cancelled the call, as a shell reports an interrupt.
+pub const EXIT_CANCELLED: i32 = 130;
+
+/// How often (in epoch ticks) a watched guest's callback looks at its stop flags: a kill or a
+/// cancellation takes effect within this (50 ms).
+const WATCH_TICKS: u64 = 5;
 
 /// One guest about to run: its store, captured output and scratch directories (removed when it
 /// is dropped; a sandbox's own directories are not).
@@ -182,12 +186,16 @@ impl Guest {
             }
             (None, None) => (None, None),
         };
-        let sandboxed = req.place.is_some();
-        self.store.data_mut().watch.arm(req.timeout, stop, disk);
-        if sandboxed {
+        // The stop flags are read by the epoch callback (the engine's epoch is shared).
+        let watched = req.place.is_some() || req.cancel.is_some();
+        self.store
+            .data_mut()
+            .watch
+            .arm(req.timeout, stop, req.cancel.clone(), disk);
+        if watched {
             self.watch_by_callback();
         }
-        self.set_epoch(req.timeout, sandboxed);
+        self.set_epoch(req.timeout, watched);
         self.start = Instant::now();
         self.running.get_or_insert_with(Default::default);
     }
@@ -301,7 +309,10 @@ pub fn disk_note(over: Option<Over>) -> String {
             o.entries, o.quota.max_entries
         )
     } else {
-        format!("{} bytes, of {} allowed", o.bytes, o.quota.max_bytes)
+        format!(
+            "a write would make it {} bytes, of {} allowed",
+            o.bytes, o.quota.max_bytes
+        )
     };
     format!(
         "wasmbox: execution stopped: the disk limit of /workspace and /tmp was reached ({what}); sizes are apparent sizes (a sparse file counts in full); remove files to free space"
@@ -351,6 +362,12 @@ fn finish(
                             "wasmbox: execution stopped: the sandbox was deleted or expired".into(),
                         );
                         EXIT_KILLED
+                    }
+                    StopReason::Cancelled => {
+                        notes.push(
+                            "wasmbox: execution stopped: the client cancelled the call".into(),
+                        );
+                        EXIT_CANCELLED
                     }
                 }
             } else if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {

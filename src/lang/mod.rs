@@ -64,6 +64,9 @@ pub struct ExecRequest {
     pub place: Option<Place>,
     /// What a one-shot's fresh directories may hold (`WASMBOX_ONESHOT_DISK_MB`).
     pub scratch_quota: crate::engine::disk::Quota,
+    /// Raised when the caller gives up on the call (MCP cancellation): the guest, or a Go
+    /// build, stops as it would at its deadline.
+    pub cancel: Option<Arc<Stop>>,
 }
 
 /// Where a sandboxed execution runs: its sandbox's `/workspace` and `/tmp` (host directories

@@ -1334,6 +1334,7 @@ mod tests {
                 max_bytes: 1 << 20,
                 max_entries: 10,
             },
+            cancel: None,
         };
         let t = user_turn(&req);
         assert!(t.contains(r#""A":"x\"y\n""#), "{t}");

@@ -47,6 +47,8 @@ pub struct Watch {
     deadline: Instant,
     timeout: Duration,
     stop: Arc<Stop>,
+    /// The call's own flag: raised when its client gives up on it.
+    cancel: Option<Arc<Stop>>,
     /// What the guest may hold on disk (its sandbox's, or its one-shot scratch dirs').
     disk: Option<Arc<DiskBudget>>,
     /// Why the disk limit stopped the guest, for its result's note.
@@ -63,6 +65,7 @@ impl Watch {
             deadline: now + timeout,
             timeout,
             stop: Arc::new(Stop::default()),
+            cancel: None,
             disk: None,
             disk_over: None,
             last_quota: now,
@@ -76,12 +79,14 @@ impl Watch {
         &mut self,
         timeout: Duration,
         stop: Option<Arc<Stop>>,
+        cancel: Option<Arc<Stop>>,
         disk: Option<Arc<DiskBudget>>,
     ) {
         let now = Instant::now();
         self.deadline = now + timeout;
         self.timeout = timeout;
         self.stop = stop.unwrap_or_default();
+        self.cancel = cancel;
         self.disk = disk;
         self.disk_over = None;
         self.last_quota = now;
@@ -108,7 +113,8 @@ impl Watch {
 
     /// The error that ends the guest now, if anything should.
     pub fn check(&mut self, now: Instant) -> wasmtime::Result<()> {
-        if let Some(why) = self.stop.reason() {
+        let cancelled = || self.cancel.as_deref().and_then(Stop::reason);
+        if let Some(why) = self.stop.reason().or_else(cancelled) {
             return Err(Stopped(why).into());
         }
         if now >= self.deadline {

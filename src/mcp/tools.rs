@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 
 use base64::Engine as _;
 
+use crate::engine::limits::{Stop, StopReason};
 use crate::lang::python::literal;
 use crate::sandbox::fs::FsError;
 use crate::sandbox::{Sandbox, SandboxError, TEMPLATES};
@@ -603,7 +604,14 @@ impl WasmboxServer {
             .and_then(|id| self.wasmbox.cloud_sandbox(id))
             .filter(|c| *c.owner == *self.owner);
         if let Some(csb) = target {
-            return self.cloud_dispatch(name, args, csb).await;
+            // Cancelled, the request to HOPX is dropped.
+            let cancel = call_cancel();
+            return tokio::select! {
+                r = self.cloud_dispatch(name, args, csb) => r,
+                _ = crate::cancelled(cancel.as_deref()) => {
+                    exec_error("cloud", &Error::Cancelled(""), None)
+                }
+            };
         }
         if name.starts_with("execute_code") || name.starts_with("run_command") {
             // Their guests run on guest threads; what they do here is validation and waiting.
@@ -1147,6 +1155,7 @@ impl WasmboxServer {
             timeout_secs: if long.is_some() { None } else { timeout },
             memory_mb: None,
             echo,
+            cancel: call_cancel(),
         })?;
         if let Some(t) = long {
             req.timeout = std::time::Duration::from_secs_f64(t);
@@ -1259,6 +1268,7 @@ impl WasmboxServer {
             timeout_secs: o.timeout,
             memory_mb: None,
             echo: o.echo.unwrap_or(false),
+            cancel: call_cancel(),
         }) {
             Ok(r) => r,
             Err(e) => return exec_error("isolated", &e, Some(&provided)),
@@ -2176,6 +2186,7 @@ fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> CallToolResult {
         Error::InvalidArgument(_) => ("Invalid arguments", "InvalidArgument"),
         Error::RuntimeMissing { .. } => ("Runtime missing", "RuntimeMissing"),
         Error::Busy(_) => ("Server busy", "Busy"),
+        Error::Cancelled(_) => ("Cancelled", "Cancelled"),
         Error::Sandbox(SandboxError::NotFound(_)) => ("Sandbox not found", "SandboxNotFoundError"),
         Error::Sandbox(_) => ("Invalid request", "SandboxError"),
         Error::File(_) => ("Path not allowed", "FileError"),
@@ -2228,8 +2239,21 @@ impl ServerHandler for WasmboxServer {
         // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it sees.
         // Only a call with no HTTP request at all is stdio's (the local owner): an HTTP call that
         // reached here unnamed is refused, never served with the local owner's sandboxes.
+        // A cancelled call's guest (or Go build) stops at its next check; the call then returns
+        // what it has, as at a deadline. Cloud one-shots are dropped, deleting their sandbox.
+        let cancel = Arc::new(Stop::default());
+        let _watch = AbortOnDrop(tokio::spawn({
+            let (ct, cancel) = (context.ct.clone(), cancel.clone());
+            async move {
+                ct.cancelled().await;
+                cancel.stop(StopReason::Cancelled);
+            }
+        }));
         let owner = match context.extensions.get::<http::request::Parts>() {
-            None => return Ok(self.dispatch(&request.name, args).await.into()),
+            None => {
+                let call = self.dispatch(&request.name, args);
+                return Ok(CALL_CANCEL.scope(cancel, call).await.into());
+            }
             Some(parts) => parts.extensions.get::<Owner>(),
         };
         let Some(owner) = owner else {
@@ -2254,11 +2278,31 @@ impl ServerHandler for WasmboxServer {
         };
         let mut this = self.clone();
         this.owner = owner.id.clone();
-        Ok(this.dispatch(&request.name, args).await.into())
+        let call = this.dispatch(&request.name, args);
+        Ok(CALL_CANCEL.scope(cancel, call).await.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.tools.iter().find(|t| t.name == name).cloned()
+    }
+}
+
+tokio::task_local! {
+    /// The running tool call's cancel flag, raised when its client cancels it.
+    static CALL_CANCEL: Arc<Stop>;
+}
+
+/// The cancel flag of the tool call this runs in, if any.
+fn call_cancel() -> Option<Arc<Stop>> {
+    CALL_CANCEL.try_with(Arc::clone).ok()
+}
+
+/// Aborts a watcher task when the call that started it ends (or is dropped).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
