@@ -891,6 +891,7 @@ fn compile_result(
         rich: Vec::new(),
         notes: Vec::new(),
         cloud_sandbox_id: None,
+        gaps: Default::default(),
     }
 }
 
@@ -939,6 +940,7 @@ fn timeout_result(stage: Stage, req: &ExecRequest, start: Instant) -> ExecResult
         rich: Vec::new(),
         notes: Vec::new(),
         cloud_sandbox_id: None,
+        gaps: Default::default(),
     }
 }
 
