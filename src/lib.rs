@@ -7,6 +7,7 @@ pub mod cloud;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod fit;
 pub mod lang;
 pub mod mcp;
 pub mod sandbox;

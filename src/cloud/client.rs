@@ -354,6 +354,7 @@ impl CloudExec {
             rich: Vec::new(),
             notes: Vec::new(),
             cloud_sandbox_id: None,
+            gaps: Default::default(),
         }
     }
 }

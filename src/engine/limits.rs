@@ -2,6 +2,7 @@
 //! capped output capture. Hitting one is recorded so the result can say which limit stopped the
 //! guest.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,6 +11,8 @@ use serde::Serialize;
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
+
+use crate::fit::Gap;
 
 /// The limits of one execution. Always on; callers override within the configured maxima.
 #[derive(Clone, Debug)]
@@ -153,9 +156,10 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// A guest's stdout or stderr: keeps the first `cap` bytes and counts the rest. Past
-/// `KILL_FACTOR` times the cap the guest is stopped, so an endless print loop ends long before
-/// its deadline.
+/// A guest's stdout or stderr: keeps the first half of `cap` bytes and the last half, and counts
+/// what falls between (the end of a stream, a traceback or a final result, matters as much as
+/// its start). Past `KILL_FACTOR` times the cap dropped the guest is stopped, so an endless
+/// print loop ends long before its deadline.
 #[derive(Clone)]
 pub struct CappedOutput(Arc<Mutex<Buffer>>);
 
@@ -163,18 +167,76 @@ const KILL_FACTOR: u64 = 8;
 
 #[derive(Default)]
 struct Buffer {
-    buf: Vec<u8>,
+    head: Vec<u8>,
+    /// What came after the head filled, its newest `cap - head` bytes.
+    tail: VecDeque<u8>,
     cap: usize,
     dropped: u64,
     killed: bool,
 }
 
-/// What a guest wrote to one stream.
+impl Buffer {
+    fn captured(&mut self, take: bool) -> Captured {
+        let mut bytes = if take {
+            std::mem::take(&mut self.head)
+        } else {
+            self.head.clone()
+        };
+        let gap_at = bytes.len();
+        bytes.extend(self.tail.iter());
+        if take {
+            self.tail = VecDeque::new();
+        }
+        let c = Captured {
+            bytes,
+            gap_at,
+            dropped: self.dropped,
+            killed: self.killed,
+        };
+        if take {
+            self.dropped = 0;
+            self.killed = false;
+        }
+        c
+    }
+}
+
+/// What a guest wrote to one stream: its start, then its end; `dropped` bytes between them
+/// (at `gap_at`) were not kept.
 #[derive(Debug, Default, Clone)]
 pub struct Captured {
     pub bytes: Vec<u8>,
+    pub gap_at: usize,
     pub dropped: u64,
     pub killed: bool,
+}
+
+impl Captured {
+    /// The output as text (invalid UTF-8 replaced), with [`crate::fit::marker`] where bytes were
+    /// dropped, and that marker's place so a later cut can take it in.
+    pub fn text(&self) -> (String, Option<Gap>) {
+        if self.dropped == 0 {
+            return (String::from_utf8_lossy(&self.bytes).into_owned(), None);
+        }
+        let (head, tail) = self.bytes.split_at(self.gap_at.min(self.bytes.len()));
+        // Characters the gap split in two go with the dropped bytes.
+        let head = match std::str::from_utf8(head) {
+            Err(e) if e.error_len().is_none() => &head[..e.valid_up_to()],
+            _ => head,
+        };
+        let skip = tail
+            .iter()
+            .take(3)
+            .take_while(|b| **b & 0xC0 == 0x80)
+            .count();
+        let bytes = self.dropped + (self.gap_at - head.len() + skip) as u64;
+        let mut text = String::from_utf8_lossy(head).into_owned();
+        let start = text.len();
+        text.push_str(&crate::fit::marker(bytes));
+        let at = start..text.len();
+        text.push_str(&String::from_utf8_lossy(&tail[skip..]));
+        (text, Some(Gap { at, bytes }))
+    }
 }
 
 impl CappedOutput {
@@ -192,22 +254,12 @@ impl CappedOutput {
 
     /// Takes what was captured so far.
     pub fn take(&self) -> Captured {
-        let mut c = self.0.lock().unwrap();
-        Captured {
-            bytes: std::mem::take(&mut c.buf),
-            dropped: std::mem::take(&mut c.dropped),
-            killed: std::mem::take(&mut c.killed),
-        }
+        self.0.lock().unwrap().captured(true)
     }
 
     /// A copy of what was captured so far, leaving it in place (output of a running job).
     pub fn peek(&self) -> Captured {
-        let c = self.0.lock().unwrap();
-        Captured {
-            bytes: c.buf.clone(),
-            dropped: c.dropped,
-            killed: c.killed,
-        }
+        self.0.lock().unwrap().captured(false)
     }
 
     /// Appends what the guest wrote; past the kill factor, an error that stops the guest.
@@ -216,10 +268,16 @@ impl CappedOutput {
             panic!("failpoint stdout-panic: a panic inside the fd_write host function");
         }
         let mut c = self.0.lock().unwrap();
-        let room = c.cap.saturating_sub(c.buf.len());
-        let keep = room.min(bytes.len());
-        c.buf.extend_from_slice(&bytes[..keep]);
-        c.dropped += (bytes.len() - keep) as u64;
+        let tail_cap = c.cap / 2;
+        let room = (c.cap - tail_cap).saturating_sub(c.head.len());
+        let (head, rest) = bytes.split_at(room.min(bytes.len()));
+        c.head.extend_from_slice(head);
+        // Only the newest `tail_cap` bytes of `rest` can stay.
+        let skip = rest.len().saturating_sub(tail_cap);
+        c.tail.extend(&rest[skip..]);
+        let over = c.tail.len().saturating_sub(tail_cap);
+        c.tail.drain(..over);
+        c.dropped += (skip + over) as u64;
         if c.dropped > KILL_FACTOR * c.cap as u64 {
             c.killed = true;
             return Err(StreamError::Trap(wasmtime::format_err!(
@@ -308,4 +366,56 @@ pub fn failpoint(name: &str) -> bool {
         })
         .iter()
         .any(|p| p == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_keeps_its_start_and_end() {
+        let out = CappedOutput::new(10);
+        for chunk in [&b"abc"[..], b"defgh", b"ijklmnop", b"qrst"] {
+            out.push(chunk).unwrap();
+        }
+        let c = out.take();
+        assert_eq!(c.bytes, b"abcdepqrst");
+        assert_eq!((c.gap_at, c.dropped), (5, 10));
+        let (text, gap) = c.text();
+        let gap = gap.unwrap();
+        assert_eq!(&text[..5], "abcde");
+        assert_eq!(&text[gap.at.clone()], crate::fit::marker(10));
+        assert_eq!(&text[gap.at.end..], "pqrst");
+        // Taken: the next call starts empty.
+        out.push(b"xy").unwrap();
+        let c = out.take();
+        assert_eq!((c.bytes.as_slice(), c.dropped), (&b"xy"[..], 0));
+        assert_eq!(c.text(), ("xy".to_string(), None));
+    }
+
+    #[test]
+    fn a_character_split_by_the_gap_counts_as_dropped() {
+        let out = CappedOutput::new(8);
+        out.push("aaaé".as_bytes()).unwrap(); // head: "aaa" and half of "é"
+        out.push(&[b'z'; 6]).unwrap();
+        out.push("ébbc".as_bytes()).unwrap(); // tail: the last 4 bytes, "\xa9bbc"
+        let (text, gap) = out.take().text();
+        let gap = gap.unwrap();
+        assert!(text.starts_with("aaa\n…"), "{text:?}");
+        assert!(text.ends_with("…\nbbc"), "{text:?}");
+        assert_eq!(gap.bytes, 1 + 6 + 2 + 1);
+    }
+
+    #[test]
+    fn an_endless_writer_is_stopped() {
+        let out = CappedOutput::new(4);
+        let mut stopped = false;
+        for _ in 0..100 {
+            if out.push(b"x").is_err() {
+                stopped = true;
+                break;
+            }
+        }
+        assert!(stopped && out.peek().killed);
+    }
 }

@@ -895,6 +895,7 @@ fn compile_result(
         rich: Vec::new(),
         notes: Vec::new(),
         cloud_sandbox_id: None,
+        gaps: Default::default(),
     }
 }
 
@@ -948,6 +949,7 @@ fn timeout_result(stage: Stage, req: &ExecRequest, start: Instant) -> ExecResult
         rich: Vec::new(),
         notes: Vec::new(),
         cloud_sandbox_id: None,
+        gaps: Default::default(),
     }
 }
 

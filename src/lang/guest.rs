@@ -401,13 +401,15 @@ fn finish(
     for (name, s) in [("stdout", &stdout), ("stderr", &stderr)] {
         if s.dropped > 0 {
             notes.push(format!(
-                "wasmbox: {name} truncated at {} bytes ({} more bytes dropped)",
+                "wasmbox: {name} over the output cap: its start and end kept ({} bytes in all), \
+                 {} bytes between them dropped",
                 s.bytes.len(),
                 s.dropped
             ));
         }
     }
-    let mut stderr_text = String::from_utf8_lossy(&stderr.bytes).into_owned();
+    let (stdout_text, stdout_gap) = stdout.text();
+    let (mut stderr_text, stderr_gap) = stderr.text();
     for n in notes {
         if !stderr_text.is_empty() && !stderr_text.ends_with('\n') {
             stderr_text.push('\n');
@@ -416,7 +418,7 @@ fn finish(
         stderr_text.push('\n');
     }
     ExecResult {
-        stdout: String::from_utf8_lossy(&stdout.bytes).into_owned(),
+        stdout: stdout_text,
         stderr: stderr_text,
         exit_code,
         execution_time: start.elapsed().as_secs_f64(),
@@ -428,6 +430,10 @@ fn finish(
         rich: Vec::new(),
         notes: Vec::new(),
         cloud_sandbox_id: None,
+        gaps: crate::lang::Gaps {
+            stdout: stdout_gap,
+            stderr: stderr_gap,
+        },
     }
 }
 

@@ -124,6 +124,17 @@ pub struct ExecResult {
     /// Set when the code ran in the HOPX cloud: the cloud sandbox it ran in.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cloud_sandbox_id: Option<String>,
+    /// Where stdout's and stderr's middles were dropped at the output cap (the markers in the
+    /// text say so), for the cut to a tool answer's budget to take them in.
+    #[serde(skip)]
+    pub gaps: Gaps,
+}
+
+/// The markers [`crate::engine::limits::Captured::text`] left in a result's streams.
+#[derive(Clone, Debug, Default)]
+pub struct Gaps {
+    pub stdout: Option<crate::fit::Gap>,
+    pub stderr: Option<crate::fit::Gap>,
 }
 
 /// One rich output of a run, in HOPX's `rich_outputs` terms.

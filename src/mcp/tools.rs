@@ -874,7 +874,7 @@ impl WasmboxServer {
                         if mode == Mode::Rich {
                             v["rich_outputs"] = json!([]);
                         }
-                        v
+                        self.answer(v, &r)
                     })
                 }
             }
@@ -889,8 +889,11 @@ impl WasmboxServer {
                     sb.run_command_background(&req).await
                 } else {
                     sb.run_command(&req).await.map(|r| {
-                        json!({"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code,
-                               "execution_time": r.execution_time})
+                        let mut v = json!({"stdout": r.stdout, "stderr": r.stderr,
+                               "exit_code": r.exit_code, "execution_time": r.execution_time});
+                        let budget = self.wasmbox.config().result_bytes;
+                        fit_output(&mut v, &Default::default(), budget);
+                        v
                     })
                 }
             }
@@ -1105,7 +1108,7 @@ impl WasmboxServer {
                             "Executed in existing sandbox {} (isolated mode with sandbox_id): its files and env, a fresh interpreter",
                             sb.id
                         ));
-                        ok_result(out)
+                        ok_result(self.answer(out, &r))
                     }
                     Err(e) => exec_error("isolated", &e, Some(&a.language)),
                 }
@@ -1214,9 +1217,10 @@ impl WasmboxServer {
             Ok(r) => {
                 let mut v = exec_json(&r, m, &sb.id);
                 if mode == Mode::Rich {
-                    v["rich_outputs"] = rich_json(&r);
+                    let budget = self.wasmbox.config().result_bytes;
+                    add_rich(&mut v, &r, budget);
                 }
-                with_images(v, &r)
+                with_images(self.answer(v, &r), &r)
             }
             Err(e) => exec_error(m, &e, Some(&a.language)),
         }
@@ -1284,7 +1288,7 @@ impl WasmboxServer {
                 v["_note"] = json!(format!(
                     "Ran in HOPX cloud sandbox {id}, which was deleted after the run."
                 ));
-                ok_result(v)
+                ok_result(self.answer(v, &r))
             }
             Ok(r) => {
                 let id = format!("local-{}", uuid::Uuid::new_v4().simple());
@@ -1292,7 +1296,7 @@ impl WasmboxServer {
                 v["_note"] = json!(
                     "Ran in a fresh local WebAssembly sandbox that was discarded after the run."
                 );
-                ok_result(v)
+                ok_result(self.answer(v, &r))
             }
             Err(e) => exec_error("isolated", &e, Some(&provided)),
         }
@@ -1757,15 +1761,22 @@ impl WasmboxServer {
                     "command": a.command,
                     "language": r.language,
                     "location": "local",
+                    "truncated": r.truncated,
                     "limit": r.limit,
                 });
                 if !r.notes.is_empty() {
                     v["notes"] = json!(r.notes);
                 }
-                ok_result(v)
+                ok_result(self.answer(v, &r))
             }
             Err(e) => run_error("Unexpected error during command execution", e.to_string()),
         }
+    }
+
+    /// An execution's answer as it goes out: its output fitted to the result budget.
+    fn answer(&self, mut v: Value, r: &ExecResult) -> Value {
+        fit_output(&mut v, &r.gaps, self.wasmbox.config().result_bytes);
+        v
     }
 
     fn runtimes_json(&self) -> serde_json::Map<String, Value> {
@@ -2143,13 +2154,97 @@ fn exec_json(r: &ExecResult, mode: &str, sandbox_id: &str) -> Value {
     v
 }
 
-/// HOPX's `rich_outputs`. Image bytes travel once, as MCP image blocks (which clients show as
-/// images); the entry says which block holds each.
-fn rich_json(r: &ExecResult) -> Value {
+/// Cuts an execution answer's `stdout` and `stderr` in the middle so that its text (the
+/// 2-space-indented block; `structuredContent` is no longer) takes at most `budget` bytes: most
+/// clients give the model the whole text block, and a 5 MB print must not fill its context.
+/// The two streams share what the rest of the answer leaves (each what it needs if that is
+/// at most half); each cut keeps the start and the end, says in the stream and in `notes` how
+/// much was elided, and sets `truncated`. A budget too small for the rest of the answer still
+/// gets the markers, a few dozen bytes each.
+fn fit_output(v: &mut Value, gaps: &crate::lang::Gaps, budget: usize) {
+    use crate::fit::{elide_middle, json_len, share, thousands};
+    let mut take = |k: &str| match v.get_mut(k) {
+        Some(Value::String(s)) => std::mem::take(s),
+        _ => String::new(),
+    };
+    let (out, err) = (take("stdout"), take("stderr"));
+    let restore = |v: &mut Value, out: String, err: String| {
+        v["stdout"] = json!(out);
+        v["stderr"] = json!(err);
+    };
+    let need = (json_len(&out), json_len(&err));
+    if pretty(v).len() + need.0 + need.1 <= budget {
+        return restore(v, out, err);
+    }
+    let note = |name: &str, elided: u64| {
+        format!(
+            "wasmbox: {} bytes elided from the middle of {name} (its start and end are kept) to \
+             fit the answer's budget of {} bytes of JSON (WASMBOX_RESULT_BYTES)",
+            thousands(elided),
+            thousands(budget as u64)
+        )
+    };
+    // The frame with both notes at their widest (every byte elided), so the real ones fit.
+    let mut notes = v
+        .get("notes")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let widest = |s: &str, gap: &Option<crate::fit::Gap>| {
+        s.len() as u64 + gap.as_ref().map_or(0, |g| g.bytes)
+    };
+    let mut framed = v.clone();
+    let mut wide = notes.clone();
+    wide.push(json!(note("stdout", widest(&out, &gaps.stdout))));
+    wide.push(json!(note("stderr", widest(&err, &gaps.stderr))));
+    framed["notes"] = json!(wide);
+    framed["truncated"] = json!(true);
+    let room = budget.saturating_sub(pretty(&framed).len());
+    let (out_room, err_room) = share(need.0, need.1, room);
+    let mut cut =
+        |name: &str, s: String, gap: &Option<crate::fit::Gap>, room: usize| match elide_middle(
+            &s,
+            gap.as_ref(),
+            room,
+        ) {
+            Some((text, elided)) => {
+                notes.push(json!(note(name, elided)));
+                text
+            }
+            None => s,
+        };
+    let out = cut("stdout", out, &gaps.stdout, out_room);
+    let err = cut("stderr", err, &gaps.stderr, err_room);
+    restore(v, out, err);
+    v["truncated"] = json!(true);
+    v["notes"] = json!(notes);
+}
+
+/// HOPX's `rich_outputs`, added to `v`. Image bytes travel once, as MCP image blocks (which
+/// clients show as images, bounded by the rich turn: 8 of 4 MiB); the entry says which block
+/// holds each. A table's HTML is in the text, so it may take at most half of the `budget`
+/// (leaving room for the output); a larger one is left out with a note.
+fn add_rich(v: &mut Value, r: &ExecResult, budget: usize) {
     let mut image = 0;
-    Value::Array(
+    let mut dropped = Vec::new();
+    v["rich_outputs"] = Value::Array(
         r.rich
             .iter()
+            .filter(|o| {
+                let n = crate::fit::json_len(&o.data);
+                let fits = o.mime.starts_with("image/") || n <= budget / 2;
+                if !fits {
+                    dropped.push(format!(
+                        "wasmbox: a {} rich output ({} bytes of JSON) was left out: it may take \
+                         at most half of the answer's budget (WASMBOX_RESULT_BYTES = {}); write \
+                         it to a file and read that instead",
+                        o.mime,
+                        crate::fit::thousands(n as u64),
+                        crate::fit::thousands(budget as u64)
+                    ));
+                }
+                fits
+            })
             .map(|o| {
                 if o.mime.starts_with("image/") {
                     image += 1;
@@ -2164,7 +2259,12 @@ fn rich_json(r: &ExecResult) -> Value {
                 }
             })
             .collect(),
-    )
+    );
+    if !dropped.is_empty() {
+        let mut notes = v["notes"].as_array().cloned().unwrap_or_default();
+        notes.extend(dropped.into_iter().map(Value::from));
+        v["notes"] = Value::Array(notes);
+    }
 }
 
 /// The JSON text block, then one image block per image the run produced.

@@ -571,22 +571,13 @@ pub fn json_prefix(s: &str, budget: usize) -> &str {
 fn json_fit(s: &str, budget: usize) -> (&str, usize) {
     let mut used = 0;
     for (i, c) in s.char_indices() {
-        let n = json_len(c);
+        let n = crate::fit::json_char_len(c);
         if used + n > budget && i > 0 {
             return (&s[..i], used);
         }
         used += n;
     }
     (s, used)
-}
-
-/// Bytes `c` takes inside a JSON string as serde_json writes it.
-fn json_len(c: char) -> usize {
-    match c {
-        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
-        c if c < ' ' => 6,
-        c => c.len_utf8(),
-    }
 }
 
 fn io_err(p: &GuestPath, e: io::Error) -> FsError {

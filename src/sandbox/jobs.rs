@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::fs::{json_prefix, rfc3339};
 use crate::engine::limits::{CappedOutput, Stop, StopReason};
+use crate::fit::{json_char_len, json_len};
 use crate::lang::{ExecResult, Language};
 
 /// One background execution.
@@ -58,6 +59,8 @@ impl Job {
             Ok(mut r) => {
                 if fit_json(&mut r.stdout, &mut r.stderr, JOB_KEPT_OUTPUT) {
                     r.truncated = true;
+                    // The cut may have taken the markers' places.
+                    r.gaps = Default::default();
                 }
                 Ok(r)
             }
@@ -157,8 +160,7 @@ impl Job {
         match end {
             None => {
                 let (so, se) = (self.output.0.peek(), self.output.1.peek());
-                let mut stdout = String::from_utf8_lossy(&so.bytes).into_owned();
-                let mut stderr = String::from_utf8_lossy(&se.bytes).into_owned();
+                let (mut stdout, mut stderr) = (so.text().0, se.text().0);
                 let cut = fit_json(&mut stdout, &mut stderr, JOB_KEPT_OUTPUT);
                 v["status"] = json!("running");
                 v["exit_code"] = Value::Null;
@@ -421,19 +423,6 @@ impl KeptOutput {
     }
 }
 
-/// The bytes `s` takes inside a JSON string, as serde_json writes it.
-fn json_len(s: &str) -> usize {
-    s.chars().map(json_char_len).sum()
-}
-
-fn json_char_len(c: char) -> usize {
-    match c {
-        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
-        c if (c as u32) < 0x20 => 6,
-        c => c.len_utf8(),
-    }
-}
-
 /// Cuts `s` to its longest prefix of at most `budget` JSON bytes.
 fn cut_json(s: &mut String, budget: usize) {
     let mut used = 0;
@@ -515,6 +504,7 @@ mod output_tests {
                 rich: Vec::new(),
                 notes: Vec::new(),
                 cloud_sandbox_id: None,
+                gaps: Default::default(),
             }));
         }
         assert_eq!(kept.total(), 200);
