@@ -231,18 +231,15 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                 }
                 let f = original::fd_write(&mut c, &o)?;
                 let args = (fd, iovs, n, nwritten);
-                let Some((disk, mem)) = counted(&mut c, fd) else {
+                let Some(FileWrite {
+                    disk,
+                    mem,
+                    before,
+                    total,
+                }) = file_write(&mut c, &o, fd, iovs, n)?
+                else {
                     return f.call(&mut c, args);
                 };
-                let Some(total) = iov_total(&c, mem, iovs, n) else {
-                    return f.call(&mut c, args);
-                };
-                let Some(before) = fd_stat(&mut c, mem, &o, fd)? else {
-                    return f.call(&mut c, args);
-                };
-                if before.filetype != FILETYPE_REGULAR {
-                    return f.call(&mut c, args);
-                }
                 // Appending writes at the end, others at the position: at most this much more.
                 let at = fd_tell(&mut c, mem, &o, fd)?.unwrap_or(before.size);
                 let grow = at.max(before.size).saturating_add(total) - before.size;
@@ -266,18 +263,15 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                   nwritten: i32| {
                 let f = original::fd_pwrite(&mut c, &o)?;
                 let args = (fd, iovs, n, offset, nwritten);
-                let Some((disk, mem)) = counted(&mut c, fd) else {
+                let Some(FileWrite {
+                    disk,
+                    mem,
+                    before,
+                    total,
+                }) = file_write(&mut c, &o, fd, iovs, n)?
+                else {
                     return f.call(&mut c, args);
                 };
-                let Some(total) = iov_total(&c, mem, iovs, n) else {
-                    return f.call(&mut c, args);
-                };
-                let Some(before) = fd_stat(&mut c, mem, &o, fd)? else {
-                    return f.call(&mut c, args);
-                };
-                if before.filetype != FILETYPE_REGULAR {
-                    return f.call(&mut c, args);
-                }
                 let end = (offset as u64).saturating_add(total);
                 let grow = end.max(before.size) - before.size;
                 resize(&mut c, mem, &o, &disk, fd, before, grow, |c| {
@@ -327,7 +321,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                 let args = (
                     dirfd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened,
                 );
-                let Some((disk, mem)) = counted(&mut c, i32::MAX) else {
+                let Some((disk, mem)) = budgeted(&mut c) else {
                     return f.call(&mut c, args);
                 };
                 let (creat, trunc) = (oflags & OFLAGS_CREAT != 0, oflags & OFLAGS_TRUNC != 0);
@@ -409,17 +403,9 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
             "path_unlink_file",
             move |mut c: Caller<'_, GuestState>, dirfd: i32, path: i32, path_len: i32| {
                 let f = original::path_unlink_file(&mut c, &o)?;
-                let Some((disk, mem)) = counted(&mut c, i32::MAX) else {
-                    return f.call(&mut c, (dirfd, path, path_len));
-                };
-                let before = path_stat(&mut c, mem, &o, dirfd, false, path, path_len)?;
-                let errno = f.call(&mut c, (dirfd, path, path_len))?;
-                if errno == ERRNO_SUCCESS
-                    && let Some(b) = before
-                {
-                    gone(&disk, b);
-                }
-                Ok(errno)
+                removing(&mut c, &o, (dirfd, path, path_len), |c| {
+                    f.call(c, (dirfd, path, path_len))
+                })
             },
         )
         .map_err(e)?;
@@ -456,18 +442,8 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                   new_len: i32| {
                 let f = original::path_rename(&mut c, &o)?;
                 let args = (fd, old, old_len, new_fd, new, new_len);
-                let Some((disk, mem)) = counted(&mut c, i32::MAX) else {
-                    return f.call(&mut c, args);
-                };
                 // A rename over an existing name removes what it named.
-                let replaced = path_stat(&mut c, mem, &o, new_fd, false, new, new_len)?;
-                let errno = f.call(&mut c, args)?;
-                if errno == ERRNO_SUCCESS
-                    && let Some(b) = replaced
-                {
-                    gone(&disk, b);
-                }
-                Ok(errno)
+                removing(&mut c, &o, (new_fd, new, new_len), |c| f.call(c, args))
             },
         )
         .map_err(e)?;
@@ -518,7 +494,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                   new_len: i32| {
                 let f = original::path_link(&mut c, &o)?;
                 let args = (old_fd, old_flags, old, old_len, new_fd, new, new_len);
-                let Some((_, mem)) = counted(&mut c, i32::MAX) else {
+                let Some((_, mem)) = budgeted(&mut c) else {
                     return f.call(&mut c, args);
                 };
                 // A walk counts every name of a file: a new name is its size again.
@@ -668,15 +644,74 @@ struct Stat {
 /// The guest's budget and memory when a write to `fd` counts: the guest has a budget, and `fd`
 /// is not the captured stdio (which has caps of its own).
 fn counted(c: &mut Caller<'_, GuestState>, fd: i32) -> Option<(Arc<DiskBudget>, Memory)> {
-    let d = c.data();
-    let disk = d.watch.disk.clone()?;
-    if (0..=2).contains(&fd) && !d.files.stdio_moved {
+    if (0..=2).contains(&fd) && !c.data().files.stdio_moved {
         return None;
     }
+    budgeted(c)
+}
+
+/// The guest's budget and memory, when it has a budget (path calls: no descriptor to skip).
+fn budgeted(c: &mut Caller<'_, GuestState>) -> Option<(Arc<DiskBudget>, Memory)> {
+    let disk = c.data().watch.disk.clone()?;
     match c.get_export("memory") {
         Some(Extern::Memory(m)) => Some((disk, m)),
         _ => None,
     }
+}
+
+/// What `fd_write` and `fd_pwrite` need to count a write: the budget, memory, the file as it
+/// is and the bytes asked for. `None` when the write does not count (stdio, no budget, not a
+/// regular file) or cannot be read (the original call then fails as it should).
+fn file_write(
+    c: &mut Caller<'_, GuestState>,
+    lk: &Hooks,
+    fd: i32,
+    iovs: i32,
+    n: i32,
+) -> wasmtime::Result<Option<FileWrite>> {
+    let Some((disk, mem)) = counted(c, fd) else {
+        return Ok(None);
+    };
+    let Some(total) = iov_total(c, mem, iovs, n) else {
+        return Ok(None);
+    };
+    Ok(fd_stat(c, mem, lk, fd)?
+        .filter(|s| s.filetype == FILETYPE_REGULAR)
+        .map(|before| FileWrite {
+            disk,
+            mem,
+            before,
+            total,
+        }))
+}
+
+/// A write [`file_write`] found to count.
+struct FileWrite {
+    disk: Arc<DiskBudget>,
+    mem: Memory,
+    before: Stat,
+    total: u64,
+}
+
+/// Runs a call that removes the name `(dirfd, path, path_len)` if it exists (an unlink, or a
+/// rename over it), and counts what went.
+fn removing(
+    c: &mut Caller<'_, GuestState>,
+    lk: &Hooks,
+    (dirfd, path, path_len): (i32, i32, i32),
+    call: impl FnOnce(&mut Caller<'_, GuestState>) -> wasmtime::Result<i32>,
+) -> wasmtime::Result<i32> {
+    let Some((disk, mem)) = budgeted(c) else {
+        return call(c);
+    };
+    let before = path_stat(c, mem, lk, dirfd, false, path, path_len)?;
+    let errno = call(c)?;
+    if errno == ERRNO_SUCCESS
+        && let Some(b) = before
+    {
+        gone(&disk, b);
+    }
+    Ok(errno)
 }
 
 /// `fd_write` on the captured stdout or stderr, straight into its buffer (no disk, and no need
