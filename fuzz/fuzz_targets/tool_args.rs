@@ -24,12 +24,17 @@ use std::sync::OnceLock;
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use rmcp::model::{CallToolResult, ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
+use rmcp::ServerHandler;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientJsonRpcMessage, ClientRequest,
+    JsonRpcMessage, NumberOrString,
+};
+use rmcp::service::{RequestContext, RunningService};
 use rmcp::transport::async_rw::JsonRpcMessageCodec;
 use serde_json::{Map, Value};
 use tokio_util::codec::Decoder;
 use wasmbox::mcp::WasmboxServer;
-use wasmbox::mcp::tools::fuzz_args::{TOOL_NAMES, parse_tool_args};
+use wasmbox::mcp::tools::fuzz_args::{parse_tool_args, tool_names};
 use wasmbox::sandbox::LOCAL_OWNER;
 
 const PLACEHOLDER: &str = "SANDBOX";
@@ -39,6 +44,10 @@ struct Fixture {
     rt: tokio::runtime::Runtime,
     wasmbox: wasmbox::Wasmbox,
     server: WasmboxServer,
+    /// A peer for the calls' request contexts; nothing goes through it.
+    running: RunningService<rmcp::RoleServer, WasmboxServer>,
+    _other_end: tokio::io::DuplexStream,
+    tools: Vec<String>,
 }
 
 fn fixture() -> &'static Fixture {
@@ -65,11 +74,17 @@ fn fixture() -> &'static Fixture {
             .block_on(async { wasmbox::Wasmbox::new(config) })
             .unwrap();
         let server = WasmboxServer::new(wasmbox.clone());
+        let (io, other_end) = tokio::io::duplex(1024);
+        let running =
+            rt.block_on(async { rmcp::service::serve_directly(server.clone(), io, None) });
         Fixture {
             _t: t,
             rt,
             wasmbox,
             server,
+            running,
+            _other_end: other_end,
+            tools: tool_names(),
         }
     })
 }
@@ -113,11 +128,16 @@ fn call(f: &Fixture, sandbox_id: &str, tool: &str, mut args: Map<String, Value>)
     if runs_code(tool) {
         return;
     }
-    let r = f.rt.block_on(f.server.dispatch(tool, args));
+    let context = RequestContext::new(NumberOrString::Number(1), f.running.peer().clone());
+    let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
+    let r = match f.rt.block_on(f.server.call_tool(params, context)) {
+        Ok(CallToolResponse::Complete(r)) => r,
+        other => panic!("{tool}: not a tool result: {other:?}"),
+    };
     check_result(tool, &r);
     match parsed {
         // The same error as dispatch's: the parser is the one dispatch uses.
-        Err(e) if TOOL_NAMES.contains(&tool) => assert_eq!(
+        Err(e) if f.tools.iter().any(|t| t == tool) => assert_eq!(
             r.structured_content, e.structured_content,
             "{tool}: dispatch and parse_tool_args disagree"
         ),
@@ -311,7 +331,7 @@ fuzz_target!(|data: &[u8]| {
 
     // 2. JSON text as every tool's arguments.
     if let Ok(v) = serde_json::from_slice::<Value>(data) {
-        for tool in TOOL_NAMES {
+        for tool in &f.tools {
             let parsed = parse_tool_args(tool, v.clone());
             if let Err(e) = &parsed {
                 check_result(tool, e);
@@ -321,8 +341,7 @@ fuzz_target!(|data: &[u8]| {
 
     // 3. Structured arguments for a tool.
     let mut u = Unstructured::new(data);
-    if let (Ok(tool), Ok(Json(Value::Object(args)))) =
-        (u.choose(TOOL_NAMES), Json::arbitrary(&mut u))
+    if let (Ok(tool), Ok(Json(Value::Object(args)))) = (u.choose(&f.tools), Json::arbitrary(&mut u))
     {
         call(f, &sandbox_id, tool, args);
     }

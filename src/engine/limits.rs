@@ -23,7 +23,7 @@ pub struct Limits {
 }
 
 /// Which limit stopped or cut an execution.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LimitHit {
     /// The deadline passed; the guest was interrupted.

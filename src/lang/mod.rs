@@ -17,7 +17,7 @@ use crate::engine::limits::{CappedOutput, LimitHit, Stop};
 use crate::error::{Error, Result};
 
 /// A language a caller can ask for. Parsing accepts the usual aliases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
     Python,
@@ -148,7 +148,7 @@ pub struct RichOutput {
 }
 
 /// The stage of a built language's execution that a result comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
     /// Building the snippet (a compile error, or the deadline passed while building).

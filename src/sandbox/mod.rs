@@ -285,7 +285,7 @@ pub struct Sandbox {
     claim: Option<Claim>,
     pub created_at: SystemTime,
     lifetime: Mutex<Lifetime>,
-    pub env: Mutex<BTreeMap<String, String>>,
+    env: Mutex<BTreeMap<String, String>>,
     pub fs: Arc<Workspace>,
     /// Raised when the sandbox goes: whatever still runs in it stops.
     pub stop: Arc<Stop>,
@@ -340,18 +340,32 @@ impl Sandbox {
     }
 
     /// Sets variables (on top of the others with `merge`, else instead of them), refused whole
-    /// when the result would be over [`MAX_ENV_BYTES`].
+    /// when the result would be over [`MAX_ENV_BYTES`], and saves them.
     pub fn set_env(
         &self,
         vars: &BTreeMap<String, String>,
         merge: bool,
     ) -> Result<(), SandboxError> {
-        let mut env = self.env.lock().unwrap();
-        let mut next = if merge { env.clone() } else { BTreeMap::new() };
-        next.extend(vars.iter().map(|(k, v)| (k.clone(), v.clone())));
-        check_env_size(&next)?;
-        *env = next;
+        {
+            let mut env = self.env.lock().unwrap();
+            let mut next = if merge { env.clone() } else { BTreeMap::new() };
+            next.extend(vars.iter().map(|(k, v)| (k.clone(), v.clone())));
+            check_env_size(&next)?;
+            *env = next;
+        }
+        self.save();
         Ok(())
+    }
+
+    /// Removes every variable, and saves that.
+    pub fn clear_env(&self) {
+        self.env.lock().unwrap().clear();
+        self.save();
+    }
+
+    /// The sandbox's variables.
+    pub fn env(&self) -> BTreeMap<String, String> {
+        self.env.lock().unwrap().clone()
     }
 
     /// The sandbox's env with the call's on top.
@@ -1060,7 +1074,7 @@ mod tests {
         let r = Sandboxes::new(config(data.path())).unwrap();
         let sb = r.get(&kept, "token-a").unwrap();
         assert_eq!(sb.template.id, "python");
-        assert_eq!(sb.env.lock().unwrap()["K"], "v");
+        assert_eq!(sb.env()["K"], "v");
         assert_eq!(
             std::fs::read_to_string(sb.fs.host_workspace().join("f.txt")).unwrap(),
             "data"

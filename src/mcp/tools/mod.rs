@@ -1,0 +1,357 @@
+//! The HOPX-compatible tool surface (see `../shared/hopx-mcp-tools.md`), mapped onto the library.
+//!
+//! Each group of tools is an rmcp `#[tool_router]` in its own file; [`WasmboxServer::router`]
+//! adds them up, and `tools/list` is that router's list. `call_tool` wraps the router for what
+//! the macros do not do: the HTTP owner and its call permit, cancellation, forwarding calls on
+//! cloud sandboxes, running disk-bound tools off the runtime's workers, and answering bad
+//! arguments and unknown tools with a HOPX error result (`isError`) rather than a protocol error.
+
+use std::sync::Arc;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, GetPromptRequestParams,
+    GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult, ListToolsResult,
+    PaginatedRequestParams, Prompt, PromptMessage, Role, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{Value, json};
+
+use crate::Wasmbox;
+use crate::engine::limits::{Stop, StopReason};
+use crate::sandbox::{LOCAL_OWNER, Sandbox, SandboxError};
+use reply::{ToolError, error_result};
+
+mod args;
+mod cloud;
+mod commands;
+mod env;
+mod exec;
+mod exec_reply;
+mod files;
+#[doc(hidden)]
+pub mod fuzz_args;
+mod prompt;
+mod reply;
+mod sandboxes;
+mod server;
+
+const INSTRUCTIONS: &str = "wasmbox runs code locally in WebAssembly sandboxes, offline, with \
+the HOPX MCP tool surface. execute_code (mode 'isolated', the default) runs a one-shot in a fresh \
+sandbox that is discarded afterwards; it needs no sandbox_id. For state across calls, \
+create_sandbox (returns an id at once; lives timeout_seconds, default 600) and then execute_code \
+with mode 'persistent' (variables persist; a final expression is echoed like a notebook cell), \
+'rich' (also returns matplotlib figures as PNG images and a final DataFrame as HTML) or \
+'background' (returns a process_id; see execute_list_processes, execute_kill_process). All \
+languages of a sandbox share its /workspace: use file_read/file_write/file_list/file_upload/\
+file_download and env_set/env_get (every later execution sees the env). Prefer per-call env over \
+env_set for one-off values. Languages: python (numpy, pandas, scipy, scikit-learn, matplotlib), \
+javascript (QuickJS: ES2023, promises, timers, console, process, require('fs'); no npm) and go (a \
+real Go toolchain builds `package main` for wasip1, standard library only; a snippet without a \
+package clause is wrapped; compile errors come back with stage 'compile'). Sandboxes have no \
+network and no host environment, and run under limits (timeout seconds, default 30, max 300; \
+memory; output; disk quota). Results carry stdout, stderr, exit_code, execution_time and \
+success, plus 'limit' when a limit stopped the run, 'truncated' when output was cut and 'notes' \
+when wasmbox has something to say (e.g. a session was restarted).";
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The MCP server: a thin front over [`Wasmbox`].
+#[derive(Clone)]
+pub struct WasmboxServer {
+    wasmbox: Wasmbox,
+    router: Arc<ToolRouter<Self>>,
+    tools: Arc<Vec<Tool>>,
+    /// Whose sandboxes this call may see: [`LOCAL_OWNER`] over stdio, the caller's token over
+    /// HTTP (set per call from the request, see [`Owner`]).
+    owner: Arc<str>,
+}
+
+/// The owner of an HTTP request (a token), put in its extensions by the transport's auth layer,
+/// with the token's limit on calls running at once.
+#[derive(Clone, Debug)]
+pub struct Owner {
+    pub id: Arc<str>,
+    pub calls: Arc<tokio::sync::Semaphore>,
+    pub max_calls: usize,
+}
+
+impl WasmboxServer {
+    pub fn new(wasmbox: Wasmbox) -> Self {
+        let router = Self::router();
+        let tools = router.list_all();
+        Self {
+            wasmbox,
+            router: Arc::new(router),
+            tools: Arc::new(tools),
+            owner: LOCAL_OWNER.into(),
+        }
+    }
+
+    /// Every tool, by group.
+    pub fn router() -> ToolRouter<Self> {
+        Self::exec_router()
+            + Self::command_router()
+            + Self::sandbox_router()
+            + Self::file_router()
+            + Self::env_router()
+            + Self::server_router()
+    }
+
+    /// The names `tools/list` shows.
+    pub fn tool_names() -> Vec<String> {
+        Self::router()
+            .list_all()
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect()
+    }
+
+    /// One tool call as `call_tool` makes it, once the caller is known; every failure is a tool
+    /// result with `isError: true`.
+    async fn dispatch(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let name = request.name.to_string();
+        // A call on a cloud sandbox is forwarded as a whole.
+        let args = request.arguments.clone().unwrap_or_default();
+        let target = ["sandbox_id", "id"]
+            .iter()
+            .find_map(|k| args.get(*k).and_then(Value::as_str))
+            .and_then(|id| self.wasmbox.cloud_sandbox(id))
+            .filter(|c| *c.owner == *self.owner);
+        if let Some(csb) = target {
+            // Cancelled, the request to HOPX is dropped.
+            let cancel = call_cancel();
+            return tokio::select! {
+                r = self.cloud_dispatch(&name, args, csb) => r,
+                _ = crate::cancelled(cancel.as_deref()) => error_result(
+                    exec_reply::exec_error("cloud", &crate::Error::Cancelled(""), None).0
+                ),
+            };
+        }
+        let answer = if name.starts_with("execute_code") || name.starts_with("run_command") {
+            // Their guests run on guest threads; what they do here is validation and waiting.
+            self.router
+                .call(ToolCallContext::new(self, request, context))
+                .await
+        } else {
+            // Every other tool works on the disk (workspaces, meta files, the module cache,
+            // walks of any size): off the runtime's workers, so a slow disk delays only its own
+            // call.
+            let this = self.clone();
+            let handle = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || {
+                handle.block_on(
+                    this.router
+                        .call(ToolCallContext::new(&this, request, context)),
+                )
+            })
+            .await
+            .unwrap_or_else(|_| {
+                Ok(error_result(json!({
+                    "error": "Internal error",
+                    "exception": "the tool failed inside wasmbox (a host panic); other calls are unaffected",
+                }))
+                .into())
+            })
+        };
+        self.hopx_shaped(&name, answer)
+    }
+
+    /// rmcp's own failures (an unknown tool, arguments that do not parse) as HOPX's results.
+    fn hopx_shaped(
+        &self,
+        name: &str,
+        answer: Result<CallToolResponse, McpError>,
+    ) -> CallToolResult {
+        const BAD_ARGS: &str = "failed to deserialize parameters: ";
+        match answer {
+            Ok(CallToolResponse::Complete(r)) if r.structured_content.is_none() => {
+                let text = r
+                    .content
+                    .first()
+                    .and_then(|c| c.as_text())
+                    .map(|t| t.text.clone())
+                    .unwrap_or_default();
+                let why = text.strip_prefix(BAD_ARGS).unwrap_or(&text);
+                error_result(json!({
+                    "error": "Invalid arguments",
+                    "message": format!("Error executing tool {name}: invalid arguments: {why}"),
+                }))
+            }
+            Ok(CallToolResponse::Complete(r)) => r,
+            Ok(_) => error_result(json!({
+                "error": "Internal error",
+                "message": format!("{name} gave an answer of a kind wasmbox does not send"),
+            })),
+            Err(e) if !self.router.has_route(name) => {
+                tracing::debug!("unknown tool {name}: {}", e.message);
+                error_result(json!({
+                    "error": "Unknown tool",
+                    "message": format!(
+                        "Unknown tool: {name}. Available tools: {}",
+                        self.tools.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>().join(", ")
+                    ),
+                }))
+            }
+            Err(e) => error_result(json!({
+                "error": "Invalid request",
+                "message": format!("Error executing tool {name}: {}", e.message),
+            })),
+        }
+    }
+
+    /// A live sandbox of the caller's, or HOPX's not-found error (under `key`: `id` or
+    /// `sandbox_id`).
+    fn sandbox(&self, id: &str, key: &str) -> Result<Arc<Sandbox>, ToolError> {
+        self.wasmbox
+            .sandboxes()
+            .get(id, &self.owner)
+            .map_err(|e| not_found(&e, key, id))
+    }
+}
+
+/// HOPX's not-found shape for a sandbox; other sandbox errors keep their message.
+fn not_found(e: &SandboxError, key: &str, id: &str) -> ToolError {
+    let mut v = json!({"error": "Sandbox not found", "message": e.to_string()});
+    if !matches!(e, SandboxError::NotFound(_)) {
+        v["error"] = json!("Invalid request");
+    }
+    v[key] = json!(id);
+    ToolError::new(v)
+}
+
+impl ServerHandler for WasmboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_prompts()
+                .build(),
+        )
+        .with_server_info(Implementation::new("wasmbox", VERSION))
+        .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items((*self.tools).clone()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        tracing::debug!(tool = %request.name, "tool call");
+        // A cancelled call's guest (or Go build) stops at its next check; the call then returns
+        // what it has, as at a deadline. Cloud one-shots are dropped, deleting their sandbox.
+        let cancel = Arc::new(Stop::default());
+        let _watch = AbortOnDrop(tokio::spawn({
+            let (ct, cancel) = (context.ct.clone(), cancel.clone());
+            async move {
+                ct.cancelled().await;
+                cancel.stop(StopReason::Cancelled);
+            }
+        }));
+        // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it sees.
+        // Only a call with no HTTP request at all is stdio's (the local owner): an HTTP call that
+        // reached here unnamed is refused, never served with the local owner's sandboxes.
+        let owner = match context.extensions.get::<http::request::Parts>() {
+            None => {
+                let call = self.dispatch(request, context);
+                return Ok(CALL_CANCEL.scope(cancel, call).await.into());
+            }
+            Some(parts) => parts.extensions.get::<Owner>().cloned(),
+        };
+        let Some(owner) = owner else {
+            tracing::error!(tool = %request.name, "HTTP tool call without an owner refused");
+            return Ok(error_result(json!({
+                "error": "Unauthenticated request",
+                "exception": "this HTTP request reached the tools with no authenticated owner (a bearer token); refused rather than served as the local owner",
+                "error_type": "AuthenticationError",
+            }))
+            .into());
+        };
+        let Ok(_permit) = owner.calls.clone().try_acquire_owned() else {
+            return Ok(error_result(json!({
+                "error": "Too many concurrent calls",
+                "exception": format!(
+                    "this token already has {} tool calls running (its limit; WASMBOX_TOKEN_CONCURRENCY raises it): wait for one to finish",
+                    owner.max_calls
+                ),
+                "error_type": "RateLimitError",
+            }))
+            .into());
+        };
+        let mut this = self.clone();
+        this.owner = owner.id.clone();
+        let call = this.dispatch(request, context);
+        Ok(CALL_CANCEL.scope(cancel, call).await.into())
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        Ok(ListPromptsResult::with_all_items(vec![Prompt::new(
+            prompt::NAME,
+            Some(prompt::DESCRIPTION),
+            None,
+        )]))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        if request.name != prompt::NAME {
+            return Err(McpError::invalid_params(
+                format!(
+                    "unknown prompt '{}': the one prompt is {}",
+                    request.name,
+                    prompt::NAME
+                ),
+                None,
+            ));
+        }
+        Ok(
+            GetPromptResult::new(vec![PromptMessage::new_text(Role::User, prompt::TEXT)])
+                .with_description(prompt::DESCRIPTION)
+                .into(),
+        )
+    }
+}
+
+tokio::task_local! {
+    /// The running tool call's cancel flag, raised when its client cancels it.
+    static CALL_CANCEL: Arc<Stop>;
+}
+
+/// The cancel flag of the tool call this runs in, if any.
+fn call_cancel() -> Option<Arc<Stop>> {
+    CALL_CANCEL.try_with(Arc::clone).ok()
+}
+
+/// Aborts a watcher task when the call that started it ends (or is dropped).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
