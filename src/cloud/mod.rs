@@ -6,14 +6,16 @@
 //! agent, with [`Cloud::oneshot`] for create → run → always delete.
 
 mod client;
+mod config;
 mod error;
 mod route;
 
 pub(crate) use client::read_capped;
 pub use client::{
-    AGENT_REPLY_CAP, CONTROL_REPLY_CAP, Cloud, CloudConfig, CloudExec, CloudSlot, CommandRequest,
-    CreateSandbox, ExecuteRequest, FileEntry, Sandbox, SandboxInfo, Secret,
+    Cloud, CloudExec, CloudSlot, CommandRequest, CreateSandbox, ExecuteRequest, FileEntry, Sandbox,
+    SandboxInfo,
 };
+pub use config::{AGENT_REPLY_CAP, CONTROL_REPLY_CAP, CloudConfig, DEFAULT_BASE_URL, Secret};
 pub use error::CloudError;
 pub use route::{
     CloudReason, CommandClass, LOCAL_TEMPLATES, LocalCommand, Location, Program, RouteRequest,

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::client::CloudConfig;
+use super::config::CloudConfig;
 use super::error::CloudError;
 use crate::lang::Language;
 

@@ -7,12 +7,37 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Instant, SystemTime};
 
-use serde_json::{Value, json};
-
 use super::fs::{json_prefix, rfc3339};
 use crate::engine::limits::{CappedOutput, Stop, StopReason};
 use crate::fit::{json_char_len, json_len};
 use crate::lang::{ExecResult, Language};
+
+/// A background execution as `execute_list_processes` shows it.
+#[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
+pub struct JobInfo {
+    pub process_id: String,
+    pub execution_id: String,
+    pub name: Option<String>,
+    pub language: Language,
+    pub started_at: String,
+    /// running, completed, failed, killed or timeout.
+    pub status: String,
+    pub exit_code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// Output was dropped at the output cap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_time: Option<f64>,
+    pub ended_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<Option<crate::LimitHit>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub success: Option<bool>,
+    /// stdout or stderr was cut to fit the listing.
+    pub output_truncated: bool,
+}
 
 /// One background execution.
 pub struct Job {
@@ -139,39 +164,46 @@ impl Job {
     /// The job as `execute_list_processes` shows it, stdout and stderr each cut to take at most
     /// `max_output` bytes of JSON (`output_truncated` says so): a list of jobs must fit a tool
     /// answer's budget.
-    pub fn info(&self, max_output: usize) -> Value {
+    pub fn info(&self, max_output: usize) -> JobInfo {
         let cut = std::cell::Cell::new(false);
         let out = |s: &str| {
             let kept = json_prefix(s, max_output);
             if kept.len() < s.len() {
                 cut.set(true);
             }
-            json!(kept)
+            kept.to_string()
         };
         let end = self.end.lock().unwrap();
-        let mut v = json!({
-            "process_id": self.id,
-            "execution_id": self.id,
-            "name": self.name,
-            "language": self.language,
-            "started_at": rfc3339(self.started_at),
-        });
+        let mut info = JobInfo {
+            process_id: self.id.clone(),
+            execution_id: self.id.clone(),
+            name: self.name.clone(),
+            language: self.language,
+            started_at: rfc3339(self.started_at),
+            status: "running".into(),
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            truncated: None,
+            execution_time: None,
+            ended_at: None,
+            limit: None,
+            success: None,
+            output_truncated: false,
+        };
         let end = if self.running() { &None } else { &*end };
         match end {
             None => {
                 let (so, se) = (self.output.0.peek(), self.output.1.peek());
                 let (mut stdout, mut stderr) = (so.text().0, se.text().0);
-                let cut = fit_json(&mut stdout, &mut stderr, JOB_KEPT_OUTPUT);
-                v["status"] = json!("running");
-                v["exit_code"] = Value::Null;
-                v["stdout"] = out(&stdout);
-                v["stderr"] = out(&stderr);
-                v["truncated"] = json!(cut || so.dropped > 0 || se.dropped > 0);
-                v["execution_time"] = json!(self.started.elapsed().as_secs_f64());
-                v["ended_at"] = Value::Null;
+                let kept_cut = fit_json(&mut stdout, &mut stderr, JOB_KEPT_OUTPUT);
+                info.stdout = out(&stdout);
+                info.stderr = out(&stderr);
+                info.truncated = Some(kept_cut || so.dropped > 0 || se.dropped > 0);
+                info.execution_time = Some(self.started.elapsed().as_secs_f64());
             }
             Some((r, ended)) => {
-                v["ended_at"] = json!(rfc3339(*ended));
+                info.ended_at = Some(rfc3339(*ended));
                 match r {
                     Ok(r) => {
                         let status = match (self.stop.reason(), r.limit) {
@@ -181,27 +213,26 @@ impl Job {
                             _ if r.success => "completed",
                             _ => "failed",
                         };
-                        v["status"] = json!(status);
-                        v["exit_code"] = json!(r.exit_code);
-                        v["stdout"] = out(&r.stdout);
-                        v["stderr"] = out(&r.stderr);
-                        v["truncated"] = json!(r.truncated);
-                        v["execution_time"] = json!(r.execution_time);
-                        v["limit"] = json!(r.limit);
-                        v["success"] = json!(r.success);
+                        info.status = status.into();
+                        info.exit_code = Some(r.exit_code);
+                        info.stdout = out(&r.stdout);
+                        info.stderr = out(&r.stderr);
+                        info.truncated = Some(r.truncated);
+                        info.execution_time = Some(r.execution_time);
+                        info.limit = Some(r.limit);
+                        info.success = Some(r.success);
                     }
                     Err(e) => {
-                        v["status"] = json!("failed");
-                        v["exit_code"] = json!(1);
-                        v["stdout"] = json!("");
-                        v["stderr"] = out(e);
-                        v["success"] = json!(false);
+                        info.status = "failed".into();
+                        info.exit_code = Some(1);
+                        info.stderr = out(e);
+                        info.success = Some(false);
                     }
                 }
             }
         }
-        v["output_truncated"] = json!(cut.get());
-        v
+        info.output_truncated = cut.get();
+        info
     }
 }
 

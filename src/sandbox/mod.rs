@@ -27,7 +27,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use crate::engine::limits::{Stop, StopReason};
 use crate::lang::javascript::JsSession;
@@ -301,6 +300,53 @@ pub struct Sandbox {
     kept_output: Arc<jobs::KeptOutput>,
 }
 
+/// A sandbox as HOPX's SandboxInfo describes it, plus local details (what runs, how full).
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct SandboxInfo {
+    pub sandbox_id: String,
+    pub template_id: String,
+    pub template_name: String,
+    pub organization_id: u64,
+    pub node_id: Option<String>,
+    /// Always `local`.
+    pub region: String,
+    /// running or paused.
+    pub status: String,
+    pub public_host: Option<String>,
+    pub direct_url: Option<String>,
+    pub preview_url: Option<String>,
+    pub resources: Resources,
+    pub internet_access: bool,
+    pub live_mode: bool,
+    /// The lifetime set at creation or by update_sandbox_timeout.
+    pub timeout_seconds: u64,
+    pub expires_at: String,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub end_at: String,
+    pub location: String,
+    pub languages: Vec<Language>,
+    pub workspace: WorkspaceUsage,
+    pub executions: u64,
+    pub jobs_running: usize,
+}
+
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct Resources {
+    pub vcpu: Option<u32>,
+    pub memory_mb: Option<u64>,
+    pub disk_mb: u64,
+}
+
+/// What a sandbox's files take (`/workspace` and `/tmp`) and may take.
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct WorkspaceUsage {
+    pub bytes: u64,
+    pub entries: u64,
+    pub max_bytes: u64,
+    pub max_entries: u64,
+}
+
 impl Sandbox {
     /// Where an execution with working directory `cwd` (a guest path, already made to exist)
     /// runs, stopped by `stop`.
@@ -461,40 +507,51 @@ impl Sandbox {
     }
 
     /// The sandbox as HOPX's SandboxInfo (key `sandbox_id`), plus local details.
-    pub fn info(&self) -> Value {
+    pub fn info(&self) -> SandboxInfo {
         // The walk first: the reaper takes this lock while it holds the registry's.
         let (bytes, entries) = self.fs.usage();
         let l = self.lifetime.lock().unwrap();
         let quota = self.fs.quota();
-        json!({
-            "sandbox_id": self.id,
-            "template_id": self.template.id,
-            "template_name": self.template.id,
-            "organization_id": 0,
-            "node_id": null,
-            "region": "local",
-            "status": if l.paused { "paused" } else { "running" },
-            "public_host": null,
-            "direct_url": null,
-            "preview_url": null,
-            "resources": {
-                "vcpu": null,
-                "memory_mb": null,
-                "disk_mb": quota.max_bytes / (1 << 20),
+        SandboxInfo {
+            sandbox_id: self.id.clone(),
+            template_id: self.template.id.into(),
+            template_name: self.template.id.into(),
+            organization_id: 0,
+            node_id: None,
+            region: "local".into(),
+            status: if l.paused { "paused" } else { "running" }.into(),
+            public_host: None,
+            direct_url: None,
+            preview_url: None,
+            resources: Resources {
+                vcpu: None,
+                memory_mb: None,
+                disk_mb: quota.max_bytes / (1 << 20),
             },
-            "internet_access": false,
-            "live_mode": false,
-            "timeout_seconds": l.timeout.as_secs(),
-            "expires_at": rfc3339(l.expires_at),
-            "created_at": rfc3339(self.created_at),
-            "started_at": null,
-            "end_at": rfc3339(l.expires_at),
-            "location": "local",
-            "languages": self.template.languages,
-            "workspace": {"bytes": bytes, "entries": entries, "max_bytes": quota.max_bytes, "max_entries": quota.max_entries},
-            "executions": self.executions.load(Ordering::Relaxed),
-            "jobs_running": self.jobs.lock().unwrap().iter().filter(|j| j.running()).count(),
-        })
+            internet_access: false,
+            live_mode: false,
+            timeout_seconds: l.timeout.as_secs(),
+            expires_at: rfc3339(l.expires_at),
+            created_at: rfc3339(self.created_at),
+            started_at: None,
+            end_at: rfc3339(l.expires_at),
+            location: "local".into(),
+            languages: self.template.languages.to_vec(),
+            workspace: WorkspaceUsage {
+                bytes,
+                entries,
+                max_bytes: quota.max_bytes,
+                max_entries: quota.max_entries,
+            },
+            executions: self.executions.load(Ordering::Relaxed),
+            jobs_running: self
+                .jobs
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|j| j.running())
+                .count(),
+        }
     }
 
     /// Stops everything running in the sandbox and removes its files.

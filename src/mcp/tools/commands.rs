@@ -178,7 +178,7 @@ impl WasmboxServer {
             let total = jobs.len();
             let shown = max_results(a.max_results, total);
             let share = output_share(budget, shown);
-            let processes = jobs.iter().take(shown).map(|j| j.info(share));
+            let processes = jobs.iter().take(shown).map(|j| json!(j.info(share)));
             fit_list(
                 json!({}),
                 "processes",

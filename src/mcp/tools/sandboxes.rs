@@ -196,7 +196,7 @@ impl WasmboxServer {
             "template_name": sb.template.id,
             "region": "local",
             "created_at": rfc3339(sb.created_at),
-            "timeout_seconds": sb.info()["timeout_seconds"],
+            "timeout_seconds": sb.info().timeout_seconds,
             "expires_at": rfc3339(sb.expires_at()),
             "languages": sb.template.languages,
             "location": "local",
@@ -221,7 +221,7 @@ impl WasmboxServer {
             .list(&self.owner)
             .iter()
             .filter(|s| wanted(s.status()))
-            .map(|s| s.info())
+            .map(|s| json!(s.info()))
             .collect();
         for c in self.wasmbox.cloud_sandboxes() {
             if *c.owner == *self.owner && wanted("running") {
@@ -267,7 +267,7 @@ impl WasmboxServer {
         output_schema = schema::<SandboxReply>()
     )]
     async fn get_sandbox(&self, Parameters(a): Parameters<IdArgs>) -> ToolResult<SandboxReply> {
-        let mut v = self.sandbox(&a.id, "id")?.info();
+        let mut v = json!(self.sandbox(&a.id, "id")?.info());
         let id = v.as_object_mut().and_then(|m| m.remove("sandbox_id"));
         v["id"] = json!(id);
         Ok(Reply::json(v))
@@ -415,7 +415,7 @@ impl WasmboxServer {
             .sandboxes()
             .set_paused(id, &self.owner, paused)
             .map_err(|e| not_found(&e, "id", id))?;
-        Ok(Reply::json(sb.info()))
+        Ok(Reply::json(json!(sb.info())))
     }
 
     /// Preview and agent URLs: a sandbox here has neither (no network, no agent process).

@@ -111,7 +111,7 @@ impl WasmboxServer {
             },
         });
         if let Some(id) = a.sandbox_id.filter(|s| !s.is_empty()) {
-            v["sandbox"] = self.sandbox(&id, "sandbox_id")?.info();
+            v["sandbox"] = json!(self.sandbox(&id, "sandbox_id")?.info());
         }
         Ok(Reply::json(v))
     }
