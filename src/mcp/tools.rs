@@ -1159,6 +1159,7 @@ impl WasmboxServer {
             memory_mb: None,
             echo,
             cancel: call_cancel(),
+            progress: super::progress::call_progress(),
         })?;
         if let Some(t) = long {
             req.timeout = std::time::Duration::from_secs_f64(t);
@@ -1273,6 +1274,7 @@ impl WasmboxServer {
             memory_mb: None,
             echo: o.echo.unwrap_or(false),
             cancel: call_cancel(),
+            progress: super::progress::call_progress(),
         }) {
             Ok(r) => r,
             Err(e) => return exec_error("isolated", &e, Some(&provided)),
@@ -2358,7 +2360,8 @@ impl ServerHandler for WasmboxServer {
         let owner = match context.extensions.get::<http::request::Parts>() {
             None => {
                 let call = self.dispatch(&request.name, args);
-                return Ok(CALL_CANCEL.scope(cancel, call).await.into());
+                let call = CALL_CANCEL.scope(cancel, call);
+                return Ok(super::progress::scope(&context, call).await.into());
             }
             Some(parts) => parts.extensions.get::<Owner>(),
         };
@@ -2384,8 +2387,8 @@ impl ServerHandler for WasmboxServer {
         };
         let mut this = self.clone();
         this.owner = owner.id.clone();
-        let call = this.dispatch(&request.name, args);
-        Ok(CALL_CANCEL.scope(cancel, call).await.into())
+        let call = CALL_CANCEL.scope(cancel, this.dispatch(&request.name, args));
+        Ok(super::progress::scope(&context, call).await.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
