@@ -23,6 +23,7 @@ use wasmtime::Engine;
 pub use config::Config;
 use engine::cache::{ModuleCache, Origin};
 pub use engine::limits::{LimitHit, Limits};
+use engine::progress::ProgressSink;
 pub use error::{Error, Result};
 use lang::go::{GoCacheStats, GoRuntime};
 use lang::javascript::JsRuntime;
@@ -45,6 +46,8 @@ pub struct ExecOptions {
     pub echo: bool,
     /// Raised when the caller gives up on the call (see [`ExecRequest::cancel`]).
     pub cancel: Option<Arc<engine::limits::Stop>>,
+    /// Where the call's progress goes (see [`ExecRequest::progress`]).
+    pub progress: Option<engine::progress::ProgressSink>,
 }
 
 /// The sandbox service: one engine, the loaded runtimes, and the limits.
@@ -60,6 +63,8 @@ struct Inner {
     python: OnceCell<Arc<PythonRuntime>>,
     javascript: OnceCell<Arc<JsRuntime>>,
     go: OnceCell<Arc<GoRuntime>>,
+    /// What each runtime's load is doing, for calls that wait on it and report progress.
+    loading: LoadStages,
     /// Live guests (computing or waiting): a call waits for one within the queue wait.
     live: Semaphore,
     /// Guests computing: given back while a guest waits in a sleep.
@@ -148,6 +153,7 @@ impl Wasmbox {
                 python: OnceCell::new(),
                 javascript: OnceCell::new(),
                 go: OnceCell::new(),
+                loading: LoadStages::default(),
                 started: Instant::now(),
                 executions: AtomicU64::new(0),
             }),
@@ -170,14 +176,17 @@ impl Wasmbox {
     /// Returns, per language, how it was obtained and how long it took, or why it failed.
     pub async fn prepare(&self) -> Vec<(Language, Result<(Origin, Duration)>)> {
         let start = Instant::now();
-        let python = self.load_python().await.map(|(_, o)| (o, start.elapsed()));
-        let start = Instant::now();
-        let js = self
-            .load_javascript()
+        let python = self
+            .load_python(None)
             .await
             .map(|(_, o)| (o, start.elapsed()));
         let start = Instant::now();
-        let go = self.load_go().await.map(|(_, o)| (o, start.elapsed()));
+        let js = self
+            .load_javascript(None)
+            .await
+            .map(|(_, o)| (o, start.elapsed()));
+        let start = Instant::now();
+        let go = self.load_go(None).await.map(|(_, o)| (o, start.elapsed()));
         if let Some(max_age) = self.inner.config.cache_max_age {
             let cache = self.module_cache().clone();
             let pruned = tokio::task::spawn_blocking(move || cache.prune_stale(max_age)).await;
@@ -254,8 +263,12 @@ impl Wasmbox {
         out
     }
 
-    async fn load_python(&self) -> Result<(Arc<PythonRuntime>, Origin)> {
-        load_once(&self.inner.python, self.inner.clone(), |inner| {
+    async fn load_python(
+        &self,
+        progress: Option<&ProgressSink>,
+    ) -> Result<(Arc<PythonRuntime>, Origin)> {
+        let stages = (&self.inner.loading.python, Language::Python, progress);
+        load_once(&self.inner.python, stages, self.inner.clone(), |inner| {
             PythonRuntime::load(
                 &inner.engine,
                 &inner.cache,
@@ -266,21 +279,34 @@ impl Wasmbox {
         .await
     }
 
-    async fn load_javascript(&self) -> Result<(Arc<JsRuntime>, Origin)> {
-        load_once(&self.inner.javascript, self.inner.clone(), |inner| {
-            JsRuntime::load(
-                &inner.engine,
-                &inner.cache,
-                &inner.config.runtimes_dir,
-                inner.config.python.pool_size,
-            )
-        })
+    async fn load_javascript(
+        &self,
+        progress: Option<&ProgressSink>,
+    ) -> Result<(Arc<JsRuntime>, Origin)> {
+        let stages = (
+            &self.inner.loading.javascript,
+            Language::JavaScript,
+            progress,
+        );
+        load_once(
+            &self.inner.javascript,
+            stages,
+            self.inner.clone(),
+            |inner| {
+                JsRuntime::load(
+                    &inner.engine,
+                    &inner.cache,
+                    &inner.config.runtimes_dir,
+                    inner.config.python.pool_size,
+                )
+            },
+        )
         .await
     }
 
     /// The Python runtime, loaded on first use (for benches and metrics).
     pub async fn python(&self) -> Result<Arc<PythonRuntime>> {
-        Ok(self.load_python().await?.0)
+        Ok(self.load_python(None).await?.0)
     }
 
     /// Slots of the pooling allocator in use (instances, memories, GC heaps) and its limit:
@@ -330,8 +356,9 @@ impl Wasmbox {
         out
     }
 
-    async fn load_go(&self) -> Result<(Arc<GoRuntime>, Origin)> {
-        load_once(&self.inner.go, self.inner.clone(), |inner| {
+    async fn load_go(&self, progress: Option<&ProgressSink>) -> Result<(Arc<GoRuntime>, Origin)> {
+        let stages = (&self.inner.loading.go, Language::Go, progress);
+        load_once(&self.inner.go, stages, self.inner.clone(), |inner| {
             let go = GoRuntime::load(
                 &inner.config.runtimes_dir,
                 &inner.config.cache_dir,
@@ -349,7 +376,7 @@ impl Wasmbox {
 
     /// The JavaScript runtime, loaded on first use (for sessions and benches).
     pub async fn javascript(&self) -> Result<Arc<JsRuntime>> {
-        Ok(self.load_javascript().await?.0)
+        Ok(self.load_javascript(None).await?.0)
     }
 
     /// Validates caller options into a request, with the errors a caller can act on.
@@ -403,6 +430,7 @@ impl Wasmbox {
             place: None,
             scratch_quota: cfg.oneshot_quota,
             cancel: opts.cancel,
+            progress: opts.progress,
         })
     }
 
@@ -450,6 +478,9 @@ impl Wasmbox {
         let client = self.cloud()?;
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
         let language = req.language.as_str();
+        if let Some(p) = &req.progress {
+            p.stage("running in a fresh HOPX cloud sandbox; waiting for it");
+        }
         let run = async {
             match route
                 .template
@@ -583,18 +614,19 @@ impl Wasmbox {
     /// The blocking run of `req` as a one-shot (in its `place` if it has one), with its
     /// runtime loaded.
     async fn runner(&self, req: ExecRequest) -> Result<Run> {
+        let progress = req.progress.as_ref();
         Ok(match req.language {
             Language::Bash => return Err(bash_unavailable()),
             Language::Python => {
-                let (python, _) = self.load_python().await?;
+                let (python, _) = self.load_python(progress).await?;
                 Box::new(move || python.run_oneshot(&req))
             }
             Language::Go => {
-                let (go, _) = self.load_go().await?;
+                let (go, _) = self.load_go(progress).await?;
                 Box::new(move || go.run_oneshot(&req))
             }
             Language::JavaScript => {
-                let (js, _) = self.load_javascript().await?;
+                let (js, _) = self.load_javascript(progress).await?;
                 Box::new(move || js.run_oneshot(&req))
             }
         })
@@ -720,7 +752,7 @@ impl Wasmbox {
         self.place_in(sb, &mut req, working_dir, sb.stop.clone())?;
         let run: Run = match req.language {
             Language::Python => {
-                let (py, _) = self.load_python().await?;
+                let (py, _) = self.load_python(req.progress.as_ref()).await?;
                 let slot = sb.python.clone().lock_owned().await;
                 Box::new(move || {
                     let mut slot = slot;
@@ -742,7 +774,7 @@ impl Wasmbox {
                 })
             }
             Language::JavaScript => {
-                let (js, _) = self.load_javascript().await?;
+                let (js, _) = self.load_javascript(req.progress.as_ref()).await?;
                 let slot = sb.javascript.clone().lock_owned().await;
                 Box::new(move || {
                     let mut slot = slot;
@@ -769,6 +801,8 @@ impl Wasmbox {
         working_dir: Option<&str>,
         name: Option<String>,
     ) -> Result<Arc<Job>> {
+        // Nobody waits on a job's call: it reports nothing.
+        req.progress = None;
         let job = Job::new(name, req.language, req.output_bytes);
         self.place_in(sb, &mut req, working_dir, job.stop.clone())?;
         if let Some(p) = req.place.as_mut() {
@@ -826,6 +860,8 @@ impl Wasmbox {
             }
             None => {
                 let bytes = req.code.len();
+                let mut req = req;
+                req.progress = None;
                 let run = self.runner(req).await?;
                 let place = self.inner.jobs.take_queued(owner, bytes).await?;
                 let me2 = self.clone();
@@ -997,22 +1033,95 @@ pub fn check_env(env: &BTreeMap<String, String>) -> Result<()> {
     Ok(())
 }
 
+/// What each runtime's load is doing now (`None` before its first stage).
+#[derive(Default)]
+struct LoadStages {
+    python: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    javascript: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    go: Arc<tokio::sync::watch::Sender<Option<String>>>,
+}
+
+/// A runtime's load stages, its language, and where a waiting call reports them.
+type Stages<'a> = (
+    &'a Arc<tokio::sync::watch::Sender<Option<String>>>,
+    Language,
+    Option<&'a ProgressSink>,
+);
+
+/// How often a call waiting on a long load says it still is.
+const LOAD_HEARTBEAT: Duration = Duration::from_secs(5);
+
 /// Loads a runtime once per process on a blocking thread; concurrent callers wait for the same
 /// load, and a failure is not cached (the next call tries again, e.g. after fetch-runtimes).
+/// A caller with a progress sink hears the load's stages, whichever caller started it.
 async fn load_once<T: Send + Sync + 'static>(
     cell: &OnceCell<Arc<T>>,
+    (stages, language, progress): Stages<'_>,
     inner: Arc<Inner>,
     load: fn(&Inner) -> Result<(T, Origin)>,
 ) -> Result<(Arc<T>, Origin)> {
+    if let Some(rt) = cell.get() {
+        return Ok((rt.clone(), Origin::Cached));
+    }
     let mut origin = Origin::Cached;
-    let rt = cell
-        .get_or_try_init(|| async {
-            let (rt, o) = tokio::task::spawn_blocking(move || load(&inner))
-                .await
-                .map_err(|e| Error::Engine(format!("loading a runtime panicked: {e}")))??;
-            origin = o;
-            Ok::<_, Error>(Arc::new(rt))
+    let init = cell.get_or_try_init(|| async {
+        let tx = stages.clone();
+        let report: engine::progress::StageFn = Arc::new(move |m: &str| {
+            tx.send_replace(Some(m.to_string()));
+        });
+        let first = format!("loading the {} runtime", language.as_str());
+        stages.send_replace(Some(first.clone()));
+        let (rt, o) = tokio::task::spawn_blocking(move || {
+            engine::progress::with_stages(Some(report), || load(&inner))
         })
-        .await?;
+        .await
+        .map_err(|e| Error::Engine(format!("loading a runtime panicked: {e}")))??;
+        origin = o;
+        Ok::<_, Error>(Arc::new(rt))
+    });
+    let rt = match progress {
+        None => init.await?,
+        Some(sink) => report_load(init, stages.subscribe(), language, sink).await?,
+    };
     Ok((rt.clone(), origin))
+}
+
+/// Waits for `load`, reporting each stage it enters to `sink` and, through a long stage, that
+/// it still is.
+async fn report_load<R>(
+    load: impl std::future::Future<Output = R>,
+    mut stages: tokio::sync::watch::Receiver<Option<String>>,
+    language: Language,
+    sink: &ProgressSink,
+) -> R {
+    let start = Instant::now();
+    let mut current = format!("loading the {} runtime", language.as_str());
+    sink.stage(current.clone());
+    // A load already under way may be further on.
+    if let Some(s) = stages.borrow_and_update().clone()
+        && s != current
+    {
+        sink.stage(s.clone());
+        current = s;
+    }
+    let mut heartbeat =
+        tokio::time::interval_at(tokio::time::Instant::now() + LOAD_HEARTBEAT, LOAD_HEARTBEAT);
+    tokio::pin!(load);
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut load => return r,
+            Ok(()) = stages.changed() => {
+                if let Some(s) = stages.borrow_and_update().clone()
+                    && s != current
+                {
+                    sink.stage(s.clone());
+                    current = s;
+                }
+            }
+            _ = heartbeat.tick() => {
+                sink.stage(format!("{current} ({} s so far)", start.elapsed().as_secs()));
+            }
+        }
+    }
 }

@@ -226,6 +226,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 memory_mb,
                 echo: false,
                 cancel: None,
+                progress: None,
             })?;
             let result = wasmbox.execute(req).await?;
             // A closed stdout (e.g. piped into `head`) is not an error worth a panic.

@@ -170,6 +170,9 @@ impl ModuleCache {
         let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
         if lock.try_lock().is_err() {
             tracing::info!("{label}: another process is compiling this module; waiting for it");
+            super::progress::stage(&format!(
+                "{label}: another wasmbox process is compiling it; waiting for that"
+            ));
             lock.lock().map_err(|e| Error::io(&lock_path, e))?;
             if let Some(module) = self.try_load(engine, &cwasm, label) {
                 return Ok((module, Origin::Cached));
@@ -309,6 +312,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 pub fn with_progress<T>(label: &str, size: usize, work: impl FnOnce() -> T) -> T {
     let mib = size as f64 / (1024.0 * 1024.0);
     let msg = format!("compiling {label} ({mib:.0} MiB of wasm)");
+    super::progress::stage(&msg);
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
     let bar: Arc<Mutex<Option<indicatif::ProgressBar>>> = Arc::new(Mutex::new(None));

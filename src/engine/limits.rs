@@ -262,6 +262,20 @@ impl CappedOutput {
         self.0.lock().unwrap().captured(false)
     }
 
+    /// Bytes written since the last take, and the newest line of them (a progress report):
+    /// only the last KiB is looked at, so a report costs the same whatever the guest wrote.
+    pub fn progress(&self) -> (u64, Option<String>) {
+        const LOOK: usize = 1024;
+        let c = self.0.lock().unwrap();
+        let total = (c.head.len() + c.tail.len()) as u64 + c.dropped;
+        let from_tail = c.tail.len().min(LOOK);
+        let from_head = (LOOK - from_tail).min(c.head.len());
+        let mut end = c.head[c.head.len() - from_head..].to_vec();
+        end.extend(c.tail.range(c.tail.len() - from_tail..));
+        drop(c);
+        (total, super::progress::last_line(&end))
+    }
+
     /// Appends what the guest wrote; past the kill factor, an error that stops the guest.
     pub(crate) fn push(&self, bytes: &[u8]) -> Result<(), StreamError> {
         if failpoint("stdout-panic") && bytes.windows(23).any(|w| w == b"wasmbox-failpoint-panic") {
@@ -404,6 +418,16 @@ mod tests {
         assert!(text.starts_with("aaa\n…"), "{text:?}");
         assert!(text.ends_with("…\nbbc"), "{text:?}");
         assert_eq!(gap.bytes, 1 + 6 + 2 + 1);
+    }
+
+    #[test]
+    fn progress_counts_every_byte_and_finds_the_newest_line() {
+        let out = CappedOutput::new(10);
+        assert_eq!(out.progress(), (0, None));
+        out.push(b"one\ntwo\n").unwrap();
+        assert_eq!(out.progress(), (8, Some("two".into())));
+        out.push(b"three\nfour").unwrap(); // past the cap: the middle is dropped
+        assert_eq!(out.progress(), (18, Some("four".into())));
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod epoch;
 pub mod limits;
 pub mod pool;
 pub mod prefault;
+pub mod progress;
 pub mod snapshot;
 pub mod threads;
 

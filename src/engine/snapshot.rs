@@ -30,8 +30,10 @@ pub fn build<T: Send + 'static>(
     )
     .map_err(|e| Error::Engine(format!("compiling instrumented {label}: {e:#}")))?;
     drop(instrumented);
+    super::progress::stage(&format!("{label}: warming up"));
     let (mut store, instance) = warm(&module)?;
     tracing::info!("{label}: warm-up done; taking the snapshot");
+    super::progress::stage(&format!("{label}: warm-up done; taking the snapshot"));
     // The snapshot reads memories and globals without running wasm: a current-thread runtime
     // is enough to drive wizer's async API.
     let rt = tokio::runtime::Builder::new_current_thread()

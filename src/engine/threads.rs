@@ -70,10 +70,12 @@ fn hand_to_reaper<T: Send + 'static>(spent: T) {
 /// Runs `f` to completion on a new thread with a guest's stack, for one-off wasm runs outside
 /// the request path (building an image, calibrating instances).
 pub fn on_guest_stack<R: Send>(what: &str, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
+    // A runtime's load runs some of its stages here: they are reported as the caller's.
+    let stages = super::progress::stage_reporter();
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .stack_size(GUEST_THREAD_STACK)
-            .spawn_scoped(scope, f)
+            .spawn_scoped(scope, || super::progress::with_stages(stages, f))
             .map_err(|e| Error::Engine(format!("spawning the {what} thread: {e}")))?
             .join()
             .map_err(|_| Error::Engine(format!("the {what} thread panicked")))?

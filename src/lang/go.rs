@@ -329,6 +329,9 @@ impl GoRuntime {
             Built::Ready(l) => l,
             Built::Done(r) => return Ok(r),
         };
+        if let Some(p) = &req.progress {
+            p.stage("running the Go program");
+        }
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
             return Ok(timeout_result(Stage::Run, req, start));
@@ -375,6 +378,9 @@ impl GoRuntime {
                 self.tier_up(&key);
             }
             return Ok(Built::Ready(l));
+        }
+        if let Some(p) = &req.progress {
+            p.stage("compiling the Go program");
         }
         let lock = self
             .building

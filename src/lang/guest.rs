@@ -186,12 +186,16 @@ impl Guest {
             }
             (None, None) => (None, None),
         };
-        // The stop flags are read by the epoch callback (the engine's epoch is shared).
-        let watched = req.place.is_some() || req.cancel.is_some();
+        // The stop flags are read, and running reports made, by the epoch callback (the
+        // engine's epoch is shared).
+        let watched = req.place.is_some() || req.cancel.is_some() || req.progress.is_some();
+        let ticker = req.progress.clone().map(|sink| {
+            crate::engine::progress::Ticker::new(sink, self.stdout.clone(), self.stderr.clone())
+        });
         self.store
             .data_mut()
             .watch
-            .arm(req.timeout, stop, req.cancel.clone(), disk);
+            .arm(req.timeout, stop, req.cancel.clone(), disk, ticker);
         if watched {
             self.watch_by_callback();
         }
@@ -271,6 +275,7 @@ impl Guest {
         let memory_hit = std::mem::take(&mut self.store.data_mut().limiter.hit);
         let timeout = self.store.data().watch.timeout();
         let disk_over = self.store.data_mut().watch.take_disk_over();
+        self.store.data_mut().watch.end_reports();
         let r = finish(
             outcome,
             Limits {

@@ -355,6 +355,7 @@ pub fn image_key(module_sha: &str) -> String {
 fn load_image(engine: &Engine, cache: &ModuleCache, path: &Path) -> Result<(Module, Origin)> {
     let key = image_key(&cache.file_sha256(path)?);
     cache.load_with(engine, &key, "javascript image", || {
+        crate::engine::progress::stage("building the pre-initialised javascript image (once)");
         let wasm = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         let warm_engine = engine::warmup_engine()?;
         let linker = wasi_linker(&warm_engine)?;

@@ -67,6 +67,9 @@ pub struct ExecRequest {
     /// Raised when the caller gives up on the call (MCP cancellation): the guest, or a Go
     /// build, stops as it would at its deadline.
     pub cancel: Option<Arc<Stop>>,
+    /// Where reports on the call's stages and running go, for a caller that shows them
+    /// (MCP progress); without one nothing is reported.
+    pub progress: Option<crate::engine::progress::ProgressSink>,
 }
 
 /// Where a sandboxed execution runs: its sandbox's `/workspace` and `/tmp` (host directories

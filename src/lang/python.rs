@@ -1200,6 +1200,9 @@ fn load_image(
             "python: building the pre-initialised image (imports {}); this happens once",
             preimport.join(", ")
         );
+        crate::engine::progress::stage(
+            "building the pre-initialised python image (once; it takes minutes)",
+        );
         build_image(paths, preimport)
     })
 }
@@ -1335,6 +1338,7 @@ mod tests {
                 max_entries: 10,
             },
             cancel: None,
+            progress: None,
         };
         let t = user_turn(&req);
         assert!(t.contains(r#""A":"x\"y\n""#), "{t}");

@@ -56,6 +56,8 @@ pub struct Watch {
     last_quota: Instant,
     /// Zero of the guest's monotonic clock, for absolute clock subscriptions.
     origin: Instant,
+    /// The call's running reports, when its caller wants them.
+    ticker: Option<crate::engine::progress::Ticker>,
 }
 
 impl Watch {
@@ -70,6 +72,7 @@ impl Watch {
             disk_over: None,
             last_quota: now,
             origin,
+            ticker: None,
         }
     }
 
@@ -81,6 +84,7 @@ impl Watch {
         stop: Option<Arc<Stop>>,
         cancel: Option<Arc<Stop>>,
         disk: Option<Arc<DiskBudget>>,
+        ticker: Option<crate::engine::progress::Ticker>,
     ) {
         let now = Instant::now();
         self.deadline = now + timeout;
@@ -90,6 +94,12 @@ impl Watch {
         self.disk = disk;
         self.disk_over = None;
         self.last_quota = now;
+        self.ticker = ticker;
+    }
+
+    /// Ends the call's running reports (a session's guest outlives its calls).
+    pub fn end_reports(&mut self) {
+        self.ticker = None;
     }
 
     /// A new deadline for the same call's settings.
@@ -127,6 +137,9 @@ impl Watch {
             if let Some(over) = disk.over_quota() {
                 return Err(self.disk_full(over));
             }
+        }
+        if let Some(t) = &mut self.ticker {
+            t.tick(now);
         }
         Ok(())
     }
