@@ -518,3 +518,139 @@ async fn an_http_request_without_an_owner_is_refused() {
     assert!(failed, "served without an owner: {text}");
     assert!(text.contains("no authenticated owner"), "{text}");
 }
+
+/// Closing a session answers 204, as the SDKs take it (Python's logs "Session termination
+/// failed: 202" for rmcp's own answer), and the session is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_a_session_answers_204_and_ends_it() {
+    let server = two_token_server(&[]).await;
+    let raw = Raw::new(&server);
+    let sid = raw.open(A).await;
+    let (status, _) = raw.rpc(A, &sid, "tools/list", json!({})).await;
+    assert_eq!(status, 200);
+
+    let resp = raw
+        .request(reqwest::Method::DELETE, A, Some(&sid))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204, "{}", body(resp).await);
+    let (status, _) = raw.rpc(A, &sid, "tools/list", json!({})).await;
+    assert_eq!(status, 404, "a closed session");
+    let resp = raw
+        .request(reqwest::Method::DELETE, A, Some(&sid))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404, "closed twice");
+}
+
+/// A `tools/call` in a session, sent raw so that its answer stream can be dropped mid-call.
+async fn start_call(
+    raw: &Raw<'_>,
+    sid: &str,
+    id: u64,
+    language: &str,
+    code: &str,
+) -> reqwest::Response {
+    let resp = raw
+        .request(reqwest::Method::POST, A, Some(sid))
+        .json(
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "execute_code",
+            "arguments": {"language": language, "code": code, "timeout": 60}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+/// The first SSE event id on an answer stream (rmcp primes every stream with one).
+async fn first_event_id(resp: &mut reqwest::Response) -> String {
+    let mut seen = String::new();
+    loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+            .await
+            .expect("an event")
+            .unwrap()
+            .expect("the stream goes on");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+        if let Some(id) = seen.lines().find_map(|l| l.strip_prefix("id:")) {
+            return id.trim().to_string();
+        }
+    }
+}
+
+/// A client that hangs up on a call's answer stream without `notifications/cancelled` (a
+/// killed process, an aborted fetch) stops the call once it has not resumed the stream in a few
+/// seconds: the guest frees the only CPU slot.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_hanging_up_on_a_call_stops_it() {
+    let server = two_token_server(&[
+        ("WASMBOX_CONCURRENCY", "1"),
+        ("WASMBOX_FOREGROUND_SLOTS", "1"),
+        ("WASMBOX_QUEUE_WAIT_S", "50"),
+    ])
+    .await;
+    let raw = Raw::new(&server);
+    let sid = raw.open(A).await;
+    let print =
+        |s: &str| json!({"name": "execute_code", "arguments": {"code": format!("print('{s}')")}});
+    let (_, text) = raw.rpc(A, &sid, "tools/call", print("warm")).await;
+    assert!(text.contains(r#"warm\n"#), "{}", head(&text));
+
+    for (id, language, code) in [
+        (10, "python", "while True:\n    pass"),
+        (11, "javascript", "while (true) {}"),
+    ] {
+        let mut resp = start_call(&raw, &sid, id, language, code).await;
+        first_event_id(&mut resp).await;
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        drop(resp);
+        // Before, the guest held the slot to its 60 s deadline, and this waited 50 s for it.
+        let (status, text) = tokio::time::timeout(
+            Duration::from_secs(25),
+            raw.rpc(A, &sid, "tools/call", print("next")),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the hung-up call {code:?} still holds the slot"));
+        assert_eq!(status, 200);
+        assert!(text.contains(r#"next\n"#), "{}", head(&text));
+    }
+    let log = server.log.lock().unwrap().clone();
+    assert!(log.contains("hung up on a call's stream"), "{log}");
+}
+
+/// A client that resumes a cut stream in time (a GET with `Last-Event-ID`, as the SDKs do after
+/// a dropped connection) keeps its call, and gets its answer on the resumed stream.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_whose_stream_is_resumed_in_time_goes_on() {
+    let server = two_token_server(&[]).await;
+    let raw = Raw::new(&server);
+    let sid = raw.open(A).await;
+    // Past the 5 s grace a cut stream gets, so a cancellation would land mid-sleep.
+    let mut resp = start_call(
+        &raw,
+        &sid,
+        10,
+        "python",
+        "import time\ntime.sleep(8)\nprint('done')",
+    )
+    .await;
+    let last = first_event_id(&mut resp).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(resp);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let resumed = raw
+        .request(reqwest::Method::GET, A, Some(&sid))
+        .header("Last-Event-ID", &last)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let text = body(resumed).await;
+    assert!(text.contains(r#"done\n"#), "{text}");
+    assert!(!server.log.lock().unwrap().contains("hung up"));
+}

@@ -247,3 +247,251 @@ fn serves_over_sockets_as_node_launchers_give_them() {
         "the sockets were not driven by the reactor:\n{log}"
     );
 }
+
+/// The protocol versions clients speak: what `initialize` answers for each. A version with the
+/// handshake is echoed; 2026-07-28, which dropped it for per-request `_meta`, is answered with
+/// the newest that has it.
+const VERSIONS: [(&str, &str); 3] = [
+    ("2025-06-18", "2025-06-18"),
+    ("2025-11-25", "2025-11-25"),
+    ("2026-07-28", "2025-11-25"),
+];
+
+/// 2026-07-28's per-request lifecycle: every request says its version and capabilities.
+fn modern_meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    })
+}
+
+/// `wasmbox serve` over raw JSON-RPC lines.
+struct Wire {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Wire {
+    fn spawn() -> Self {
+        prepare();
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .env("WASMBOX_DATA", "none")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Self { child, stdin, out }
+    }
+
+    fn send(&mut self, msg: Value) {
+        self.stdin.write_all(format!("{msg}\n").as_bytes()).unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Sends a request and returns the answer with its id.
+    fn ask(&mut self, msg: Value) -> Value {
+        let id = msg["id"].clone();
+        self.send(msg);
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.out.read_line(&mut line).unwrap() > 0,
+                "server closed stdout"
+            );
+            let v: Value = serde_json::from_str(&line).expect("only JSON-RPC on stdout");
+            if v["id"] == id {
+                return v;
+            }
+        }
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// tools/list and a tools/call, as `ask` sends them, work; `meta` goes in each request's `_meta`.
+async fn tools_work(what: &str, meta: &Value, mut ask: impl AsyncFnMut(&str, Value) -> Value) {
+    let with_meta = |mut params: Value| {
+        if !meta.is_null() {
+            params["_meta"] = meta.clone();
+        }
+        params
+    };
+    let list = ask("tools/list", with_meta(json!({}))).await;
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: tools/list: {list}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"execute_code"), "{what}: {names:?}");
+    let r = ask(
+        "tools/call",
+        with_meta(json!({"name": "execute_code", "arguments": {"code": "print(6*7)"}})),
+    )
+    .await;
+    assert_eq!(
+        r["result"]["structuredContent"]["stdout"], "42\n",
+        "{what}: tools/call: {r}"
+    );
+}
+
+#[tokio::test]
+async fn each_protocol_version_is_negotiated_and_served_over_stdio() {
+    for (asked, answered) in VERSIONS {
+        let mut w = Wire::spawn();
+        let init = w.ask(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": asked, "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"}}}),
+        );
+        assert_eq!(
+            init["result"]["protocolVersion"], answered,
+            "{asked}: {init}"
+        );
+        w.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        let mut id = 1;
+        tools_work(asked, &Value::Null, async |method, params| {
+            id += 1;
+            w.ask(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+        })
+        .await;
+    }
+
+    // A 2026-07-28 client skips the handshake: it discovers, then sends self-contained requests.
+    let mut w = Wire::spawn();
+    let meta = modern_meta();
+    let found = w.ask(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+        "params": {"_meta": meta}}),
+    );
+    let versions = found["result"]["supportedVersions"].to_string();
+    for (v, _) in VERSIONS {
+        assert!(versions.contains(v), "{v} not in {found}");
+    }
+    let mut id = 1;
+    tools_work(
+        "2026-07-28 without initialize",
+        &meta,
+        async |method, params| {
+            id += 1;
+            w.ask(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+        },
+    )
+    .await;
+}
+
+/// The one JSON-RPC answer in an HTTP response, SSE or plain JSON.
+async fn answer(resp: reqwest::Response) -> Value {
+    let text = resp.text().await.unwrap();
+    if let Ok(v) = serde_json::from_str::<Value>(&text) {
+        return v;
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|v| v.get("id").is_some())
+        .unwrap_or_else(|| panic!("no answer in {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_protocol_version_is_negotiated_and_served_over_http() {
+    const TOKEN: &str = "token-versions-0123456789";
+    let server = HttpServer::start(&[("WASMBOX_TOKEN", TOKEN)], &[]).await;
+    let http = reqwest::Client::new();
+    let post = async |headers: &[(&str, &str)], body: Value| {
+        let mut r = http
+            .post(&server.url)
+            .header("Authorization", format!("Bearer {TOKEN}"))
+            .header("Accept", "application/json, text/event-stream")
+            .json(&body);
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        r.send().await.unwrap()
+    };
+    for (asked, answered) in VERSIONS {
+        let resp = post(
+            &[],
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": asked, "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"}}}),
+        )
+        .await;
+        assert_eq!(resp.status(), 200, "{asked}");
+        let sid = resp.headers()["mcp-session-id"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let init = answer(resp).await;
+        assert_eq!(
+            init["result"]["protocolVersion"], answered,
+            "{asked}: {init}"
+        );
+        let session = [
+            ("Mcp-Session-Id", sid.as_str()),
+            ("MCP-Protocol-Version", answered),
+        ];
+        let resp = post(
+            &session,
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        )
+        .await;
+        assert_eq!(resp.status(), 202);
+        let mut id = 1;
+        tools_work(asked, &Value::Null, async |method, params| {
+            id += 1;
+            let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+            answer(post(&session, msg).await).await
+        })
+        .await;
+    }
+
+    // 2026-07-28 without the handshake: each request stands alone, with the SEP-2243 headers.
+    let meta = modern_meta();
+    let modern = |method: &'static str, name: Option<&'static str>| {
+        let mut h = vec![
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", method),
+        ];
+        h.extend(name.map(|n| ("Mcp-Name", n)));
+        h
+    };
+    let found = answer(
+        post(
+            &modern("server/discover", None),
+            json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}),
+        )
+        .await,
+    )
+    .await;
+    assert!(
+        found["result"]["supportedVersions"]
+            .to_string()
+            .contains("2026-07-28"),
+        "{found}"
+    );
+    let mut id = 1;
+    tools_work("2026-07-28 over HTTP", &meta, async |method, params| {
+        id += 1;
+        let name = (method == "tools/call").then_some("execute_code");
+        let method: &'static str = if name.is_some() {
+            "tools/call"
+        } else {
+            "tools/list"
+        };
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        answer(post(&modern(method, name), msg).await).await
+    })
+    .await;
+}

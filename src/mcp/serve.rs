@@ -6,13 +6,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use rmcp::ServiceExt;
-use rmcp::transport::common::http_header::HEADER_SESSION_ID;
+use rmcp::transport::common::http_header::{HEADER_LAST_EVENT_ID, HEADER_SESSION_ID};
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use sha2::{Digest, Sha256};
 
 use super::WasmboxServer;
+use super::hangup::{self, Call, Hangups};
 use super::tools::Owner;
 use crate::Wasmbox;
 
@@ -147,14 +148,7 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
         })
         .collect();
     let sessions = Arc::new(LocalSessionManager::default());
-    let gate = Arc::new(Gate {
-        tokens,
-        sessions: SessionBook {
-            manager: sessions.clone(),
-            per_token: wasmbox.config().sessions_per_token,
-            owner_of: Mutex::default(),
-        },
-    });
+    let per_token = wasmbox.config().sessions_per_token;
     let ct = tokio_util::sync::CancellationToken::new();
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(ct.child_token())
@@ -169,9 +163,18 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
             let server = WasmboxServer::new(wasmbox);
             move || Ok(server.clone())
         },
-        sessions,
+        sessions.clone(),
         config,
     );
+    let gate = Arc::new(Gate {
+        tokens,
+        sessions: SessionBook {
+            manager: sessions,
+            per_token,
+            owner_of: Mutex::default(),
+        },
+        hangups: Arc::new(Hangups::new(service.clone(), hangup::RESUME_GRACE)),
+    });
     let app = axum::Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(gate, authenticate));
@@ -210,6 +213,7 @@ const MAX_HTTP_BODY: usize = 16 << 20;
 struct Gate {
     tokens: Vec<TokenEntry>,
     sessions: SessionBook,
+    hangups: Arc<Hangups>,
 }
 
 /// Lets a request through only with a known bearer token, tagging it with the token's owner,
@@ -234,7 +238,7 @@ async fn authenticate(
     match owner {
         Some(t) => {
             req.extensions_mut().insert(t.owner.clone());
-            gate.sessions.admit(&t.owner.id, req, next).await
+            gate.admit(&t.owner, req, next).await
         }
         None => {
             let why = if presented.is_some() {
@@ -263,32 +267,38 @@ struct SessionBook {
     owner_of: Mutex<HashMap<String, Arc<str>>>,
 }
 
-impl SessionBook {
+impl Gate {
     /// Runs `req` for `owner` if any session it names is the owner's, and books the session an
     /// `initialize` opens (closing and refusing it past the owner's cap).
     async fn admit(
         &self,
-        owner: &Arc<str>,
+        owner: &Owner,
         req: axum::extract::Request,
         next: axum::middleware::Next,
     ) -> axum::response::Response {
+        let book = &self.sessions;
         if let Some(id) = req.headers().get(HEADER_SESSION_ID) {
             // A header that is not text names no booked session: refused, not passed on (rmcp
             // would read it as no session at all).
             let id = id.to_str().unwrap_or_default().to_owned();
-            let opener = self.owner_of.lock().unwrap().get(&id).cloned();
+            let opener = book.owner_of.lock().unwrap().get(&id).cloned();
             match opener {
-                Some(o) if o == *owner => {}
+                Some(o) if o == owner.id => {}
                 Some(_) => {
-                    tracing::warn!(%owner, "refused a request in another token's MCP session");
+                    tracing::warn!(owner = %owner.id, "refused a request in another token's MCP session");
                     return session_not_found();
                 }
                 None => return session_not_found(),
             }
             let closing = req.method() == http::Method::DELETE;
-            let resp = next.run(req).await;
+            let mut resp = self.in_session(owner, &id, req, next).await;
             if closing || resp.status() == http::StatusCode::NOT_FOUND {
-                self.forget_if_gone(&id).await;
+                book.forget_if_gone(&id).await;
+            }
+            // rmcp answers a closed session 202; the Python SDK takes only 200 or 204 (else it
+            // logs "Session termination failed: 202"), the TypeScript SDK any 2xx.
+            if closing && resp.status() == http::StatusCode::ACCEPTED {
+                *resp.status_mut() = http::StatusCode::NO_CONTENT;
             }
             return resp;
         }
@@ -302,14 +312,83 @@ impl SessionBook {
         else {
             return resp;
         };
-        if self.book(owner, id).await {
+        if book.book(&owner.id, id).await {
             return resp;
         }
-        let _ = self.manager.close_session(&id.into()).await;
-        tracing::warn!(%owner, cap = self.per_token, "refused an MCP session past the cap");
-        self.too_many()
+        let _ = book.manager.close_session(&id.into()).await;
+        tracing::warn!(owner = %owner.id, cap = book.per_token, "refused an MCP session past the cap");
+        book.too_many()
     }
 
+    /// Runs a request in `session`, watching the answer stream of a JSON-RPC request (or of a
+    /// resumed one) for a client that hangs up on it (see [`hangup`]).
+    async fn in_session(
+        &self,
+        owner: &Owner,
+        session: &str,
+        req: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        use http_body_util::BodyExt;
+        match *req.method() {
+            http::Method::POST => {
+                let (parts, body) = req.into_parts();
+                // The bound rmcp applies too, so nothing it would refuse is held here.
+                let body = match http_body_util::Limited::new(body, MAX_HTTP_BODY)
+                    .collect()
+                    .await
+                {
+                    Ok(b) => b.to_bytes(),
+                    Err(e) => return body_refused(&*e),
+                };
+                let Some(id) = hangup::request_id(&body) else {
+                    return next
+                        .run(axum::extract::Request::from_parts(parts, body.into()))
+                        .await;
+                };
+                let call = Arc::new(Call {
+                    session: session.into(),
+                    id,
+                    owner: owner.clone(),
+                    headers: parts.headers.clone(),
+                });
+                let resp = next
+                    .run(axum::extract::Request::from_parts(parts, body.into()))
+                    .await;
+                self.hangups.watch(call, None, resp)
+            }
+            http::Method::GET => {
+                let resumed = req
+                    .headers()
+                    .get(HEADER_LAST_EVENT_ID)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|last| self.hangups.resume(session, last));
+                let resp = next.run(req).await;
+                match resumed {
+                    Some((call, stream)) => self.hangups.watch(call, Some(stream), resp),
+                    None => resp,
+                }
+            }
+            _ => next.run(req).await,
+        }
+    }
+}
+
+/// A request body past [`MAX_HTTP_BODY`] (413, as rmcp answers it) or that could not be read.
+fn body_refused(e: &(dyn std::error::Error + 'static)) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if e.is::<http_body_util::LengthLimitError>() {
+        let why = format!("Payload Too Large: request body exceeds {MAX_HTTP_BODY} bytes");
+        return (http::StatusCode::PAYLOAD_TOO_LARGE, why).into_response();
+    }
+    (
+        http::StatusCode::BAD_REQUEST,
+        format!("Failed to read request body: {e}"),
+    )
+        .into_response()
+}
+
+impl SessionBook {
     /// Books session `id` for `owner` unless that passes its cap, counting only sessions rmcp
     /// still has (it ends idle ones on its own, unseen here).
     async fn book(&self, owner: &Arc<str>, id: &str) -> bool {

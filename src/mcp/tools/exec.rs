@@ -394,6 +394,7 @@ impl WasmboxServer {
             memory_mb: None,
             echo,
             cancel: call_cancel(),
+            progress: crate::mcp::progress::call_progress(),
         })?;
         if let Some(t) = long {
             req.timeout = Duration::from_secs_f64(t);
@@ -477,6 +478,7 @@ impl WasmboxServer {
                 memory_mb: None,
                 echo: o.echo.unwrap_or(false),
                 cancel: call_cancel(),
+                progress: crate::mcp::progress::call_progress(),
             })
             .map_err(fail)?;
         let r = self

@@ -267,8 +267,8 @@ impl ServerHandler for WasmboxServer {
         // reached here unnamed is refused, never served with the local owner's sandboxes.
         let owner = match context.extensions.get::<http::request::Parts>() {
             None => {
-                let call = self.dispatch(request, context);
-                return Ok(CALL_CANCEL.scope(cancel, call).await.into());
+                let call = CALL_CANCEL.scope(cancel, self.dispatch(request, context.clone()));
+                return Ok(super::progress::scope(&context, call).await.into());
             }
             Some(parts) => parts.extensions.get::<Owner>().cloned(),
         };
@@ -294,8 +294,8 @@ impl ServerHandler for WasmboxServer {
         };
         let mut this = self.clone();
         this.owner = owner.id.clone();
-        let call = this.dispatch(request, context);
-        Ok(CALL_CANCEL.scope(cancel, call).await.into())
+        let call = CALL_CANCEL.scope(cancel, this.dispatch(request, context.clone()));
+        Ok(super::progress::scope(&context, call).await.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
