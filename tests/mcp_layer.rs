@@ -91,7 +91,13 @@ async fn typed(c: &Client, tools: &BTreeMap<String, Tool>, tool: &str, args: Val
 
 #[tokio::test]
 async fn every_tool_declares_itself_and_answers_in_its_declared_shape() {
-    let c = server().await;
+    // Three background runs at once (a job, a command, an async run) with a 2-core machine's
+    // default of two per client.
+    let c = server_with_env(&[
+        ("WASMBOX_MAX_JOBS", "8"),
+        ("WASMBOX_MAX_JOBS_PER_TOKEN", "8"),
+    ])
+    .await;
     let list = c.list_all_tools().await.unwrap();
     let tools: BTreeMap<String, Tool> = list.into_iter().map(|t| (t.name.to_string(), t)).collect();
     assert_eq!(tools.len(), 39);

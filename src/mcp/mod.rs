@@ -3,6 +3,7 @@
 mod hangup;
 pub mod progress;
 pub mod serve;
+mod streamable;
 pub mod tools;
 
 pub use tools::WasmboxServer;
