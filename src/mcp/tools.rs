@@ -1108,7 +1108,7 @@ impl WasmboxServer {
                             "Executed in existing sandbox {} (isolated mode with sandbox_id): its files and env, a fresh interpreter",
                             sb.id
                         ));
-                        ok_result(self.answer(out, &r))
+                        with_images(self.answer(out, &r), &r)
                     }
                     Err(e) => exec_error("isolated", &e, Some(&a.language)),
                 }
@@ -1296,7 +1296,7 @@ impl WasmboxServer {
                 v["_note"] = json!(
                     "Ran in a fresh local WebAssembly sandbox that was discarded after the run."
                 );
-                ok_result(self.answer(v, &r))
+                with_images(self.answer(v, &r), &r)
             }
             Err(e) => exec_error("isolated", &e, Some(&provided)),
         }
@@ -1525,20 +1525,35 @@ impl WasmboxServer {
                 let max = a
                     .max_bytes
                     .map_or(download, |m| m.min(download as u64) as usize);
-                sb.fs.read_bytes(&a.path, offset, max).map(|(p, w)| {
-                    json!({
-                        "path": p.guest(),
-                        "content_base64": base64::engine::general_purpose::STANDARD.encode(&w.data),
-                        "size": w.data.len(),
-                        "size_bytes": w.size,
-                        "offset": w.offset,
-                        "truncated": w.truncated,
-                        "next_offset": w.next_offset(),
-                    })
-                })
+                let read = sb.fs.read_bytes(&a.path, offset, max);
+                return read.map_or_else(
+                    |e| file_error("file_download", &a.path, &e),
+                    |(p, w)| {
+                        let b64 = base64::engine::general_purpose::STANDARD.encode(&w.data);
+                        let whole = w.offset == 0 && !w.truncated;
+                        let image = crate::lang::images::download_image(&w.data, whole, b64.len());
+                        let mut v = json!({
+                            "path": p.guest(),
+                            "content_base64": b64,
+                            "size": w.data.len(),
+                            "size_bytes": w.size,
+                            "offset": w.offset,
+                            "truncated": w.truncated,
+                            "next_offset": w.next_offset(),
+                        });
+                        // An image also goes out as an image block, which clients show.
+                        if let Some(mime) = image {
+                            v["image"] = json!({"type": mime, "content_index": 1});
+                        }
+                        let mut r = ok_result(v);
+                        if let Some(mime) = image {
+                            r.content.push(ContentBlock::image(b64, mime));
+                        }
+                        r
+                    },
+                );
             };
-            let tool = if text { "file_read" } else { "file_download" };
-            r.map_or_else(|e| file_error(tool, &a.path, &e), ok_result)
+            r.map_or_else(|e| file_error("file_read", &a.path, &e), ok_result)
         })
         .await
     }
@@ -2157,6 +2172,15 @@ fn exec_json(r: &ExecResult, mode: &str, sandbox_id: &str) -> Value {
     if !r.notes.is_empty() {
         v["notes"] = json!(r.notes);
     }
+    // Many clients give the model only the text: it says that image blocks follow.
+    let images = r
+        .rich
+        .iter()
+        .filter(|o| o.mime.starts_with("image/"))
+        .count();
+    if images > 0 {
+        v["images"] = json!(images);
+    }
     v
 }
 
@@ -2227,7 +2251,7 @@ fn fit_output(v: &mut Value, gaps: &crate::lang::Gaps, budget: usize) {
 }
 
 /// HOPX's `rich_outputs`, added to `v`. Image bytes travel once, as MCP image blocks (which
-/// clients show as images, bounded by the rich turn: 8 of 4 MiB); the entry says which block
+/// clients show as images, bounded by WASMBOX_IMAGES and WASMBOX_IMAGE_BYTES); the entry says which block
 /// holds each. A table's HTML is in the text, so it may take at most half of the `budget`
 /// (leaving room for the output); a larger one is left out with a note.
 fn add_rich(v: &mut Value, r: &ExecResult, budget: usize) {
@@ -2273,7 +2297,8 @@ fn add_rich(v: &mut Value, r: &ExecResult, budget: usize) {
     }
 }
 
-/// The JSON text block, then one image block per image the run produced.
+/// The JSON text block, then one image block per image the run produced (figures: in every
+/// mode, not only rich).
 fn with_images(v: Value, r: &ExecResult) -> CallToolResult {
     let mut result = ok_result(v);
     for o in r.rich.iter().filter(|o| o.mime.starts_with("image/")) {
