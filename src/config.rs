@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::cloud::CloudConfig;
 use crate::engine::disk::Quota;
 use crate::engine::limits::Limits;
+use crate::lang::images::ImageBudget;
 use crate::lang::python::{DEFAULT_PREIMPORT, PythonOptions};
 use crate::sandbox::SandboxConfig;
 
@@ -36,6 +37,10 @@ pub struct Config {
     /// `structuredContent`) on one JSON-RPC line, and rmcp's stdio transport drops lines over
     /// 16 MiB (the call then never answers): 4 MiB makes an 11 MB line.
     pub download_bytes: usize,
+    /// What one answer's images (a Python run's figures, a downloaded image) may take: a
+    /// count and their base64 bytes together. They ride on the same JSON-RPC line as the text,
+    /// so the bytes are held under 12 MiB. `None` (`WASMBOX_IMAGES=0`): no figures collected.
+    pub images: Option<ImageBudget>,
     /// Guests that may execute wasm at once (CPU slots); a guest waiting in a sleep holds none.
     pub max_concurrency: usize,
     /// CPU slots background work (jobs, async executions) may never take, so that a plain
@@ -87,7 +92,9 @@ impl Config {
     /// `WASMBOX_CACHE_MAX_AGE_DAYS` (0: keep every compiled module), `WASMBOX_MEMORY_MB`,
     /// `WASMBOX_OUTPUT_BYTES`, `WASMBOX_RESULT_BYTES` (a tool answer's text: 80,000),
     /// `WASMBOX_ONESHOT_DISK_MB` (a one-shot's `/workspace` and `/tmp` together: 256),
-    /// `WASMBOX_DOWNLOAD_BYTES` (one `file_download`: 4 MiB), `WASMBOX_CONCURRENCY`,
+    /// `WASMBOX_DOWNLOAD_BYTES` (one `file_download`: 4 MiB), `WASMBOX_IMAGES` (figures a
+    /// Python run returns as images: 4; 0: none), `WASMBOX_IMAGE_BYTES` (their base64 together:
+    /// 6 MiB, at most 12 MiB), `WASMBOX_CONCURRENCY`,
     /// `WASMBOX_FOREGROUND_SLOTS`, `WASMBOX_MAX_GUESTS`, `WASMBOX_QUEUE_WAIT_S`,
     /// `WASMBOX_MAX_JOBS`, `WASMBOX_MAX_JOBS_PER_TOKEN`, `WASMBOX_ASYNC_QUEUE`,
     /// `WASMBOX_ASYNC_QUEUE_MB`, `WASMBOX_PYTHON_PREIMPORT` (comma-separated modules, or `none`
@@ -143,6 +150,10 @@ impl Config {
                 max_entries: env_num("WASMBOX_SANDBOX_FILES").unwrap_or(10_000) as u64,
             },
             download_bytes: env_num("WASMBOX_DOWNLOAD_BYTES").unwrap_or(4 * MIB).max(1),
+            images: ImageBudget::new(
+                env_num("WASMBOX_IMAGES").unwrap_or(ImageBudget::DEFAULT.max_images),
+                env_num("WASMBOX_IMAGE_BYTES").unwrap_or(ImageBudget::DEFAULT.max_base64_bytes),
+            ),
             max_concurrency: concurrency,
             foreground_slots: env_num("WASMBOX_FOREGROUND_SLOTS")
                 .unwrap_or((concurrency / 4).max(1)),

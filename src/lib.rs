@@ -431,6 +431,7 @@ impl Wasmbox {
             scratch_quota: cfg.oneshot_quota,
             cancel: opts.cancel,
             progress: opts.progress,
+            images: cfg.images,
         })
     }
 
@@ -763,8 +764,10 @@ impl Wasmbox {
                         |s| {
                             let mut r = s.turn(&req);
                             if rich && s.alive() {
+                                // After the turn's images, which the turn closed: no figure
+                                // comes twice.
                                 let (outputs, notes) = s.rich(&req);
-                                r.rich = outputs;
+                                r.rich.extend(outputs);
                                 r.notes.extend(notes);
                             }
                             r
@@ -804,6 +807,8 @@ impl Wasmbox {
         // Nobody waits on a job's call: it reports nothing.
         req.progress = None;
         let job = Job::new(name, req.language, req.output_bytes);
+        // A job's result carries no images: its figures are left alone.
+        req.images = None;
         self.place_in(sb, &mut req, working_dir, job.stop.clone())?;
         if let Some(p) = req.place.as_mut() {
             p.output = Some(job.output());
@@ -846,6 +851,9 @@ impl Wasmbox {
         let me = self.clone();
         let sandbox_id = sb.map(|s| s.id.clone());
         let language = req.language;
+        // Nor does a webhook's payload.
+        let mut req = req;
+        req.images = None;
         let (id, pending): (String, futures_like::Pending) = match sb {
             Some(sb) => {
                 let job = self.start_job(sb, req, working_dir, None).await?;

@@ -61,24 +61,13 @@ async fn a_replaced_rich_hook_cannot_flood_the_host() {
     assert!(took < Duration::from_secs(5), "rich turn took {took:?}");
     let v = object(&r);
     assert_eq!(v["stdout"], "cell\n");
+    // Images come only from the turn's own figures (through the door): a rich reply's are
+    // dropped, however many.
     let outs = v["rich_outputs"].as_array().unwrap();
-    assert!(
-        !outs.is_empty() && outs.len() <= 9,
-        "{} outputs",
-        outs.len()
-    );
-    assert!(
-        outs.iter().all(|o| o["type"] == "image/png"),
-        "only the types the host asked for: {outs:?}"
-    );
-    let images = r.content.iter().filter(|c| c.as_image().is_some()).count();
-    assert_eq!(images, outs.len());
-    assert!(
-        r.content
-            .iter()
-            .filter_map(|c| c.as_image())
-            .all(|i| i.data.len() < 1000),
-        "the 8 MB item was dropped"
+    assert!(outs.is_empty(), "{outs:?}");
+    assert_eq!(
+        r.content.iter().filter(|c| c.as_image().is_some()).count(),
+        0
     );
     let notes = v["notes"].as_array().unwrap();
     assert!(notes.len() <= 24, "{} notes", notes.len());

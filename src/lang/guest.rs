@@ -34,6 +34,8 @@ pub struct GuestState {
     pub(super) files: super::wasi::OpenFiles,
     /// The captured stdout and stderr, which `fd_write` fills directly.
     pub(super) stdio: [CappedOutput; 2],
+    /// The figures the current call handed over through the door (Python).
+    pub(super) images: super::images::ImageSink,
 }
 
 /// A linker with WASI preview 1 (its waits interruptible), the only host interface guests get.
@@ -153,6 +155,7 @@ impl Guest {
                 originals: Default::default(),
                 files: Default::default(),
                 stdio: [stdout.clone(), stderr.clone()],
+                images: Default::default(),
             },
         );
         store.limiter(|s| &mut s.limiter);
@@ -177,6 +180,7 @@ impl Guest {
         self.stdout.set_cap(req.output_bytes);
         self.stderr.set_cap(req.output_bytes);
         self.store.data_mut().limiter.set_limit(req.memory_bytes);
+        self.store.data_mut().images = super::images::ImageSink::new(req.images);
         let (stop, disk) = match (&req.place, &self._scratch) {
             (Some(p), _) => (Some(p.stop.clone()), p.disk.clone()),
             (None, Some(s)) => {
@@ -254,6 +258,11 @@ impl Guest {
     /// What the guest wrote to stdout so far (for probes of our own).
     pub fn take_stdout(&self) -> Vec<u8> {
         self.stdout.take().bytes
+    }
+
+    /// The images the guest handed over since it was armed, and notes on those left out.
+    pub fn take_images(&mut self) -> (Vec<super::RichOutput>, Vec<String>) {
+        self.store.data_mut().images.take()
     }
 
     /// What the guest wrote so far, as text (for warm-up failures).

@@ -2,6 +2,7 @@
 
 pub mod go;
 pub mod guest;
+pub mod images;
 pub mod javascript;
 pub mod python;
 pub mod wasi;
@@ -70,6 +71,9 @@ pub struct ExecRequest {
     /// Where reports on the call's stages and running go, for a caller that shows them
     /// (MCP progress); without one nothing is reported.
     pub progress: Option<crate::engine::progress::ProgressSink>,
+    /// The figures a Python run leaves open come back as images within this (`None`: they are
+    /// left alone, as for background work whose result carries no images).
+    pub images: Option<images::ImageBudget>,
 }
 
 /// Where a sandboxed execution runs: its sandbox's `/workspace` and `/tmp` (host directories
@@ -117,7 +121,8 @@ pub struct ExecResult {
     /// For languages that are built before they run (Go): which stage the result comes from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stage: Option<Stage>,
-    /// Rich outputs (rich mode): plots as PNG, DataFrames as HTML.
+    /// Images (the figures a Python run left open or showed, as PNG; first) and, in rich mode,
+    /// a final DataFrame as HTML.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rich: Vec<RichOutput>,
     /// What the host wants the caller to know about this run (a session replaced, a plot

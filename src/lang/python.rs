@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
-use wasmtime::{Engine, Instance, InstancePre, Linker, Module, Store};
+use wasmtime::{Caller, Engine, Instance, InstancePre, Linker, Module, Store};
 
 use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
@@ -48,8 +48,9 @@ fn base_env() -> BTreeMap<&'static str, &'static str> {
 /// `_wasmbox.run`, which runs the caller's code the way `python -c` would — no echo of a final
 /// expression unless asked, tracebacks that show the caller's own lines as `<code>` without a
 /// frame of ours — after applying the call's environment and working directory, which a
-/// snapshot would otherwise have frozen. It then takes over the reactor's turns: every later
-/// turn is a call of ours as JSON (see [`call`]).
+/// snapshot would otherwise have frozen, and, when asked, hands the figures left open (or
+/// shown) to the host through the door as PNG before the turn ends. It then takes over the
+/// reactor's turns: every later turn is a call of ours as JSON (see [`call`]).
 const PROLOGUE: &str = r#"
 import os, sys, types
 os.chdir('/workspace')
@@ -58,6 +59,8 @@ exec('''
 import os, sys, json, linecache, __main__
 
 last = None
+limit = 0
+sent = 0
 
 def turn(text, name):
     # The reactor's `_run_turn` for every turn after this one, all of them the host's calls of
@@ -70,12 +73,43 @@ def turn(text, name):
 def script(src):
     exec(compile(src, '<wasmbox>', 'exec', dont_inherit=True), __main__.__dict__)
 
-def _quiet_show(*args, **kwargs):
-    pass
+def _show(*args, **kwargs):
+    # plt.show() on the headless Agg backend: the figures go to the host now and close, as a
+    # notebook's inline backend shows them (a loop that shows each gets each); without images
+    # asked for, nothing.
+    if limit:
+        figures()
 
-def run(src, echo=False, env=None, cwd=None):
-    global last
+def figures():
+    # Hands the open figures to the host as PNG through the door, never through stdout or
+    # stderr, which the caller's code writes too; the host bounds them. Past the run's count a
+    # figure is only counted, not rendered. All are closed: the next turn does not send them.
+    global sent
+    h = sys.modules.get('matplotlib._pylab_helpers')
+    if h is None or not h.Gcf.figs:
+        return
+    import io
+    from _host import call
+    try:
+        for m in h.Gcf.get_all_fig_managers():
+            if sent >= limit:
+                call(b'wasmbox:skip\\n')
+                continue
+            buf = io.BytesIO()
+            try:
+                m.canvas.figure.savefig(buf, format='png', dpi=100)
+            except Exception as e:
+                call(b'wasmbox:note\\n' + f'figure {m.num} could not be rendered: {e!r}'.encode())
+                continue
+            call(b'wasmbox:png\\n' + buf.getvalue())
+            sent += 1
+    finally:
+        h.Gcf.destroy_all()
+
+def run(src, echo=False, images=0, env=None, cwd=None):
+    global last, limit, sent
     last = None
+    limit, sent = images, 0
     # Each write goes through WASI (a putenv per variable, a stat for chdir): skip them when
     # nothing changes, as in a session's later turns and a ready instance's first.
     if env is not None and env != os.environ:
@@ -84,9 +118,8 @@ def run(src, echo=False, env=None, cwd=None):
     if cwd is not None and cwd != os.getcwd():
         os.chdir(cwd)
     plt = sys.modules.get('matplotlib.pyplot')
-    if plt is not None and plt.show is not _quiet_show:
-        # Headless: figures stay open for rich mode to collect instead of a warning.
-        plt.show = _quiet_show
+    if plt is not None and plt.show is not _show:
+        plt.show = _show
     name = '<code>'
     linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     g = __main__.__dict__
@@ -110,6 +143,15 @@ def run(src, echo=False, env=None, cwd=None):
         e.__traceback__ = tb.tb_next if tb is not None else None
         sys.excepthook(type(e), e, e.__traceback__)
         raise SystemExit(1) from None
+    finally:
+        # In the same turn, and almost free when nothing was plotted: a dict's emptiness.
+        if limit:
+            h = sys.modules.get('matplotlib._pylab_helpers')
+            if h is not None and h.Gcf.figs:
+                try:
+                    figures()
+                except Exception as e:
+                    sys.stderr.write(f'wasmbox: the figures could not be returned: {e!r}\\n')
 
 def warm(env):
     # Readies a fresh instance: its own random sequences (a snapshot would share the image's),
@@ -119,7 +161,7 @@ def warm(env):
     np = sys.modules.get('numpy')
     if np is not None:
         np.random.seed()
-    run("print('', end='')", False, env, '/workspace')
+    run("print('', end='')", False, 0, env, '/workspace')
 
 def polish(modules):
     # Readies a pooled instance while the pool is idle: maps what a first turn would fault in
@@ -132,29 +174,10 @@ def polish(modules):
     if np is not None:
         str(np.arange(8).sum())
 
-def rich(max_images, max_bytes, max_html):
+def rich(max_html):
+    # Figures came back in the turn itself (see figures()): only a final DataFrame is left.
     import json
     out, notes = [], []
-    plt = sys.modules.get('matplotlib.pyplot')
-    if plt is not None:
-        nums = plt.get_fignums()
-        for i, n in enumerate(nums):
-            if len(out) >= max_images:
-                notes.append(f'{len(nums) - i} more figure(s) dropped: at most {max_images} images per run')
-                break
-            import io, base64
-            buf = io.BytesIO()
-            try:
-                plt.figure(n).savefig(buf, format='png', dpi=100)
-            except Exception as e:
-                notes.append(f'figure {n} could not be rendered: {e!r}')
-                continue
-            data = buf.getvalue()
-            if len(data) > max_bytes:
-                notes.append(f'figure {n} dropped: its PNG is {len(data)} bytes, the limit is {max_bytes}')
-                continue
-            out.append({'type': 'image/png', 'data': base64.b64encode(data).decode('ascii')})
-        plt.close('all')
     pd = sys.modules.get('pandas')
     if pd is not None and isinstance(last, (pd.DataFrame, pd.Series)):
         frame = last.to_frame() if isinstance(last, pd.Series) else last
@@ -363,7 +386,8 @@ impl PythonRuntime {
             // `exit()`/`quit()` return 256 | status.
             .map(|status| status & 255);
         let t2 = t0.elapsed();
-        let r = guest.finish(outcome, Language::Python);
+        let images = guest.take_images();
+        let r = with_images(guest.finish(outcome, Language::Python), images);
         if req.place.is_none() {
             self.pool.refill();
         }
@@ -399,9 +423,18 @@ pub struct PySession {
     alive: bool,
 }
 
-/// Bounds of what rich mode returns.
-pub const RICH_MAX_IMAGES: usize = 8;
-pub const RICH_MAX_IMAGE_BYTES: usize = 4 << 20;
+/// The images a turn handed over (first in `rich`) and the notes on those left out.
+fn with_images(
+    mut r: ExecResult,
+    (images, notes): (Vec<super::RichOutput>, Vec<String>),
+) -> ExecResult {
+    r.rich.splice(0..0, images);
+    r.notes.extend(notes);
+    r
+}
+
+/// Bounds of what rich mode's own turn returns (its images come from the turn before it, within
+/// the request's image budget).
 const RICH_MAX_HTML_BYTES: usize = 1 << 20;
 /// Bounds of the notes a rich turn may add (the guest's hook writes them).
 const RICH_MAX_NOTES: usize = 16;
@@ -423,26 +456,25 @@ impl PySession {
         let outcome = turn(&mut self.guest.store, &self.instance, &user_turn(req));
         // A trap leaves the interpreter undefined; `exit()` (256 | status) ends it by request.
         self.alive = matches!(outcome, Ok(s) if s & 256 == 0);
-        self.guest
-            .result(outcome.map(|s| s & 255), Language::Python)
+        let images = self.guest.take_images();
+        let r = self
+            .guest
+            .result(outcome.map(|s| s & 255), Language::Python);
+        with_images(r, images)
     }
 
-    /// Collects the figures left open (rendered to PNG, then closed) and a final DataFrame
-    /// (as HTML) of the last turn. Returns them and notes on what was dropped.
+    /// Collects a final DataFrame (as HTML) of the last turn, the turn having returned its
+    /// figures itself. Returns it and notes on what was dropped.
     pub fn rich(&mut self, req: &ExecRequest) -> (Vec<super::RichOutput>, Vec<String>) {
         if !self.alive {
             return (Vec::new(), Vec::new());
         }
         let mut collect = req.clone();
-        collect.output_bytes =
-            RICH_MAX_IMAGES * RICH_MAX_IMAGE_BYTES * 4 / 3 + RICH_MAX_HTML_BYTES * 2;
+        // JSON escapes a character in at most 12 bytes (a surrogate pair); room for the notes.
+        collect.output_bytes = RICH_MAX_HTML_BYTES * 12 + (64 << 10);
+        collect.images = None;
         self.guest.arm(&collect);
-        let code = call((
-            "rich",
-            RICH_MAX_IMAGES,
-            RICH_MAX_IMAGE_BYTES,
-            RICH_MAX_HTML_BYTES,
-        ));
+        let code = call(("rich", RICH_MAX_HTML_BYTES));
         let outcome = turn(&mut self.guest.store, &self.instance, &code);
         self.alive = matches!(outcome, Ok(0));
         let r = self.guest.result(outcome, Language::Python);
@@ -478,19 +510,13 @@ mod rich_reply {
         self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
     };
 
-    use super::{
-        RICH_MAX_HTML_BYTES, RICH_MAX_IMAGE_BYTES, RICH_MAX_IMAGES, RICH_MAX_NOTE_BYTES,
-        RICH_MAX_NOTES,
-    };
+    use super::{RICH_MAX_HTML_BYTES, RICH_MAX_NOTE_BYTES, RICH_MAX_NOTES};
     use crate::lang::RichOutput;
 
-    /// Items parsed at most: the images, a table, and a few the host will drop.
-    const MAX_ITEMS: usize = RICH_MAX_IMAGES + 4;
-    /// Base64 length of the largest image kept.
-    const MAX_IMAGE_B64: usize = RICH_MAX_IMAGE_BYTES.div_ceil(3) * 4;
+    /// Items parsed at most: a table, and a few the host will drop.
+    const MAX_ITEMS: usize = 4;
     /// UTF-8 length of the largest table kept.
     const MAX_HTML_UTF8: usize = RICH_MAX_HTML_BYTES * 4;
-    const PNG: &str = "image/png";
     const HTML: &str = "text/html";
 
     pub struct Reply {
@@ -554,7 +580,6 @@ mod rich_reply {
         over_count: usize,
         bad_type: usize,
         too_big: usize,
-        not_base64: usize,
         notes: usize,
     }
 
@@ -591,28 +616,21 @@ mod rich_reply {
             let d = dropped;
             if d.over_count > 0 {
                 notes.push(format!(
-                    "{} more rich output(s) dropped: at most {RICH_MAX_IMAGES} images and one \
-                     HTML table per run",
+                    "{} more rich output(s) dropped: at most one HTML table per run",
                     d.over_count
                 ));
             }
             if d.bad_type > 0 {
                 notes.push(format!(
-                    "{} rich output(s) dropped: not of type {PNG} or {HTML}",
+                    "{} rich output(s) dropped: not of type {HTML} (figures come back from the \
+                     turn itself, as images)",
                     d.bad_type
                 ));
             }
             if d.too_big > 0 {
                 notes.push(format!(
-                    "{} rich output(s) dropped: over {MAX_IMAGE_B64} bytes of base64 per image \
-                     or {RICH_MAX_HTML_BYTES} characters per table",
+                    "{} rich output(s) dropped: over {RICH_MAX_HTML_BYTES} characters per table",
                     d.too_big
-                ));
-            }
-            if d.not_base64 > 0 {
-                notes.push(format!(
-                    "{} image(s) dropped: their data was not base64",
-                    d.not_base64
                 ));
             }
             if d.notes > 0 {
@@ -663,27 +681,17 @@ mod rich_reply {
                     dropped.bad_type += 1;
                     continue;
                 };
-                // The prologue measures HTML in characters (`len(html)`), images in bytes.
-                let fits = |d: &str| match mime.as_str() {
-                    PNG => d.len() <= MAX_IMAGE_B64,
-                    _ => d.chars().count() <= RICH_MAX_HTML_BYTES,
-                };
-                let room = match mime.as_str() {
-                    PNG => kept.iter().filter(|o| o.mime == PNG).count() < RICH_MAX_IMAGES,
-                    HTML => !kept.iter().any(|o| o.mime == HTML),
-                    _ => {
-                        dropped.bad_type += 1;
-                        continue;
-                    }
-                };
+                if mime != HTML {
+                    dropped.bad_type += 1;
+                    continue;
+                }
+                // The prologue measures HTML in characters (`len(html)`).
                 match data {
-                    Ok(data) if fits(&data) => {
-                        if !room {
-                            dropped.over_count += 1;
-                        } else if mime == PNG && !is_base64(&data) {
-                            dropped.not_base64 += 1;
-                        } else {
+                    Ok(data) if data.chars().count() <= RICH_MAX_HTML_BYTES => {
+                        if kept.is_empty() {
                             kept.push(RichOutput { mime, data });
+                        } else {
+                            dropped.over_count += 1;
                         }
                     }
                     _ => dropped.too_big += 1,
@@ -691,11 +699,6 @@ mod rich_reply {
             }
             Ok(kept)
         }
-    }
-
-    fn is_base64(s: &str) -> bool {
-        s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
     }
 
     /// A string, or its length when it is longer than `max` (then it is not copied).
@@ -730,7 +733,7 @@ mod rich_reply {
                     }
                     Key::Data if data.is_none() => {
                         data = Some(map.next_value_seed(Str {
-                            max: MAX_IMAGE_B64.max(MAX_HTML_UTF8),
+                            max: MAX_HTML_UTF8,
                             cut: false,
                         })?)
                     }
@@ -821,19 +824,16 @@ mod rich_reply {
 
         #[test]
         fn a_flood_is_read_to_the_bound_and_noted() {
-            let small = r#"{"type":"image/png","data":"iVBORw0KGgo=","extra":[1,{"a":2}]}"#;
-            let html = r#"{"data":"<table></table>","type":"text/html"}"#;
+            let html = r#"{"data":"<table></table>","type":"text/html","extra":[1,{"a":2}]}"#;
             let mut items = vec![
                 format!(
-                    r#"{{"type":"image/png","data":"{}"}}"#,
-                    "A".repeat(MAX_IMAGE_B64 + 4)
+                    r#"{{"type":"text/html","data":"{}"}}"#,
+                    "A".repeat(RICH_MAX_HTML_BYTES + 4)
                 ),
-                r#"{"type":"application/x-evil","data":"x"}"#.to_string(),
-                r#"{"type":"image/png","data":"not base64!"}"#.to_string(),
-                html.to_string(),
+                r#"{"type":"image/png","data":"iVBORw0KGgo="}"#.to_string(),
                 html.to_string(),
             ];
-            items.extend(std::iter::repeat_n(small.to_string(), 10_000));
+            items.extend(std::iter::repeat_n(html.to_string(), 10_000));
             let notes: Vec<String> = (0..100)
                 .map(|_| format!("\"{}\"", "n".repeat(5000)))
                 .collect();
@@ -843,24 +843,18 @@ mod rich_reply {
                 notes.join(",")
             );
             let r = parse(&text).unwrap();
-            // Five items were junk: 7 of the 12 read are images.
-            assert_eq!(r.outputs.iter().filter(|o| o.mime == PNG).count(), 7);
-            assert_eq!(r.outputs.iter().filter(|o| o.mime == HTML).count(), 1);
+            // An image is no rich output any more: figures come from the turn, bounded there.
+            assert_eq!(r.outputs.len(), 1);
+            assert_eq!(r.outputs[0].mime, HTML);
             assert_eq!(
                 r.notes.len(),
-                RICH_MAX_NOTES + 5,
+                RICH_MAX_NOTES + 4,
                 "{:?}",
                 &r.notes[RICH_MAX_NOTES..]
             );
             assert!(r.notes.iter().all(|n| n.len() <= RICH_MAX_NOTE_BYTES));
             let host = r.notes[RICH_MAX_NOTES..].join("\n");
-            for want in [
-                "9994 more rich",
-                "not of type",
-                "over",
-                "not base64",
-                "84 more note",
-            ] {
+            for want in ["10000 more rich", "not of type", "over", "84 more note"] {
                 assert!(host.contains(want), "{want}: {host}");
             }
         }
@@ -1129,14 +1123,60 @@ impl FastReady {
 
 fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
     let mut linker = wasi_linker(engine)?;
-    // The tools door. No host tools are bound: -1 makes `_host.call` raise
-    // ConnectionRefusedError in the guest.
-    linker
-        .func_wrap("host", "call", |_: i32, _: i32, _: i32, _: i32| -> i32 {
-            -1
-        })
-        .map_err(engine_err)?;
+    // The door (`_host.call(frame)`): it takes the figures a turn hands over, while the call
+    // asked for images; for anything else -1 makes `_host.call` raise ConnectionRefusedError,
+    // as when no host is bound.
+    linker.func_wrap("host", "call", door).map_err(engine_err)?;
     Ok(linker)
+}
+
+/// `host.call(req_ptr, req_len, out_ptr_ptr, out_len_ptr) -> i32`: 0 with a one-byte answer
+/// when the frame was a figure's, -1 when it is not ours (or no images were asked for).
+fn door(
+    mut caller: Caller<'_, GuestState>,
+    ptr: i32,
+    len: i32,
+    out_ptr: i32,
+    out_len: i32,
+) -> wasmtime::Result<i32> {
+    let Some(budget) = caller.data().images.budget().copied() else {
+        return Ok(-1);
+    };
+    let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
+    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
+        return Ok(-2);
+    };
+    let (data, state) = memory.data_and_store_mut(&mut caller);
+    let Some(frame) = data.get(ptr..ptr.saturating_add(len)) else {
+        return Ok(-2);
+    };
+    // A frame past the largest image the budget could take is counted by its head, not read.
+    let taken = if len > super::images::max_frame(&budget) {
+        state.images.offer_oversized(frame)
+    } else {
+        state.images.offer(frame)
+    };
+    if !taken {
+        return Ok(-1);
+    }
+    // The answer, in memory the guest's allocator gives (the guest frees it).
+    let alloc = caller
+        .get_export("host_alloc")
+        .and_then(|e| e.into_func())
+        .ok_or_else(|| wasmtime::format_err!("the module exports no host_alloc"))?
+        .typed::<i32, i32>(&caller)?;
+    let answer = alloc.call(&mut caller, 1)?;
+    if answer == 0 {
+        return Ok(-2);
+    }
+    let written = [
+        (answer, &b"1"[..]),
+        (out_ptr, &answer.to_le_bytes()[..]),
+        (out_len, &1u32.to_le_bytes()[..]),
+    ]
+    .into_iter()
+    .try_for_each(|(at, bytes)| memory.write(&mut caller, at as u32 as usize, bytes));
+    Ok(if written.is_ok() { 0 } else { -2 })
 }
 
 /// The code run during the image's warm-up, after the prologue.
@@ -1148,7 +1188,7 @@ fn warmup_code(preimport: &[String]) -> String {
     // One pass through `run` with the base environment, as a ready instance's would be: the
     // image is then ready as it is, and instances need no warm-up turn (see `FastReady`).
     code.push_str(&format!(
-        "import _wasmbox\n_wasmbox.run(\"print('', end='')\", False, {}, '/workspace')\n",
+        "import _wasmbox\n_wasmbox.run(\"print('', end='')\", False, 0, {}, '/workspace')\n",
         literal(&base_env())
     ));
     // Everything imported so far lives as long as the image: keep the cyclic GC from walking
@@ -1261,10 +1301,11 @@ fn run_turn(
 /// The user turn: the caller's code, run by the prologue's `_wasmbox.run` with the call's
 /// environment.
 fn user_turn(req: &ExecRequest) -> String {
+    let images = req.images.map_or(0, |b| b.max_images);
     if req.place.is_none() && req.env.is_empty() {
         // A fresh instance from the pool already has the base env (its warm-up turn set it), so
         // the turn skips rewriting the environment.
-        return call(("run", &req.code, req.echo));
+        return call(("run", &req.code, req.echo, images));
     }
     let cwd = req
         .place
@@ -1275,7 +1316,7 @@ fn user_turn(req: &ExecRequest) -> String {
     for (k, v) in &req.env {
         full.insert(k, v);
     }
-    call(("run", &req.code, req.echo, full, cwd))
+    call(("run", &req.code, req.echo, images, full, cwd))
 }
 
 /// A turn after the prologue: a call of one of its `_wasmbox` functions, as the JSON array
@@ -1339,6 +1380,7 @@ mod tests {
             },
             cancel: None,
             progress: None,
+            images: None,
         };
         let t = user_turn(&req);
         assert!(t.contains(r#""A":"x\"y\n""#), "{t}");

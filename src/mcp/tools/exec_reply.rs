@@ -74,6 +74,10 @@ pub struct ExecReply {
     /// execute_code_async: where the result will be POSTed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub callback_url: Option<String>,
+    /// How many image blocks (PNG figures) follow the text block: many clients give the model
+    /// only the text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<usize>,
 }
 
 impl ExecReply {
@@ -107,6 +111,13 @@ impl ExecReply {
             limit: Some(r.limit),
             stage: r.stage,
             notes: (!r.notes.is_empty()).then(|| r.notes.clone()),
+            images: Some(
+                r.rich
+                    .iter()
+                    .filter(|o| o.mime.starts_with("image/"))
+                    .count(),
+            )
+            .filter(|n| *n > 0),
             ..Default::default()
         }
     }
@@ -199,7 +210,7 @@ pub fn fit_output(v: &mut Value, gaps: &crate::lang::Gaps, budget: usize) {
 }
 
 /// HOPX's `rich_outputs`, added to `v`. Image bytes travel once, as MCP image blocks (which
-/// clients show as images, bounded by the rich turn: 8 of 4 MiB); the entry says which block
+/// clients show as images, bounded by WASMBOX_IMAGES and WASMBOX_IMAGE_BYTES); the entry says which block
 /// holds each. A table's HTML is in the text, so it may take at most half of the `budget`
 /// (leaving room for the output); a larger one is left out with a note.
 fn add_rich(v: &mut Value, r: &ExecResult, budget: usize) {

@@ -97,6 +97,17 @@ pub struct FileBytes {
     pub offset: u64,
     pub truncated: bool,
     pub next_offset: u64,
+    /// A whole image file (PNG, JPEG, GIF, WebP, by its bytes) also comes as the image block
+    /// at `content_index`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageRef>,
+}
+
+#[derive(Serialize, JsonSchema)]
+pub struct ImageRef {
+    #[serde(rename = "type")]
+    pub mime: String,
+    pub content_index: usize,
 }
 
 /// A file written (file_write, file_upload).
@@ -179,15 +190,24 @@ impl WasmboxServer {
                 .fs
                 .read_bytes(&a.path, a.offset.unwrap_or(0), max)
                 .map_err(|e| file_error("file_download", &a.path, &e))?;
-            Ok(Reply::new(FileBytes {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(&w.data);
+            let whole = w.offset == 0 && !w.truncated;
+            // An image also goes out as an image block, which clients show.
+            let image = crate::lang::images::download_image(&w.data, whole, b64.len());
+            let reply = Reply::new(FileBytes {
                 path: p.guest().into(),
-                content_base64: base64::engine::general_purpose::STANDARD.encode(&w.data),
+                content_base64: b64.clone(),
                 size: w.data.len(),
                 size_bytes: w.size,
                 offset: w.offset,
                 truncated: w.truncated,
                 next_offset: w.next_offset(),
-            }))
+                image: image.map(|mime| ImageRef {
+                    mime: mime.into(),
+                    content_index: 1,
+                }),
+            });
+            Ok(reply.with_images(image.map(|mime| (b64, mime.to_string()))))
         })
         .await
     }
