@@ -46,11 +46,11 @@ async def main() -> int:
             report(not untitled, f"{len(tools)} tools, all titled", untitled)
             bare = [t.name for t in tools if t.annotations is None]
             report(not bare, "all annotated", bare)
-            typed = [t.name for t in tools if t.outputSchema]
+            typed = [t.name for t in tools if t.output_schema]
             report(len(typed) == len(tools) - 2, f"{len(typed)} with output schemas")
             by = {t.name: t for t in tools}
-            report(by["file_read"].annotations.readOnlyHint is True, "file_read is read-only")
-            langs = by["execute_code"].inputSchema["properties"]["language"].get("enum", [])
+            report(by["file_read"].annotations.read_only_hint is True, "file_read is read-only")
+            langs = by["execute_code"].input_schema["properties"]["language"].get("enum", [])
             report("javascript" in langs and "js" in langs, "language enum", langs)
 
             sid = None

@@ -100,9 +100,33 @@ mod tests {
         assert!(parse_tool_args("health", json!([])).is_err());
     }
 
+    /// A property schema that is a bare `true` (what schemars gives `serde_json::Value`) is
+    /// valid JSON Schema, but the TypeScript SDK (the MCP Inspector, Claude Desktop) rejects the
+    /// whole tool list over it.
+    fn no_bare_schemas(v: &Value, at: &str) {
+        if let Some(props) = v.get("properties").and_then(Value::as_object) {
+            for (k, p) in props {
+                assert!(
+                    p.is_object(),
+                    "{at}.{k} is {p}, which TypeScript clients refuse"
+                );
+                no_bare_schemas(p, &format!("{at}.{k}"));
+            }
+        }
+        if let Some(defs) = v.get("$defs").and_then(Value::as_object) {
+            for (k, d) in defs {
+                no_bare_schemas(d, &format!("{at}.$defs.{k}"));
+            }
+        }
+    }
+
     #[test]
     fn every_tool_is_titled_annotated_and_typed() {
         for t in WasmboxServer::router().list_all() {
+            if let Some(s) = &t.output_schema {
+                no_bare_schemas(&Value::Object((**s).clone()), &t.name);
+            }
+            no_bare_schemas(&Value::Object((*t.input_schema).clone()), &t.name);
             assert!(t.title.is_some(), "{} has no title", t.name);
             assert!(t.annotations.is_some(), "{} has no annotations", t.name);
             let url = t.name.starts_with("get_preview") || t.name.starts_with("get_agent");
