@@ -19,10 +19,10 @@ fn check(schema: &Value, root: &Value, v: &Value, at: &str) -> Result<(), String
         return check(def, root, v, at);
     }
     for key in ["anyOf", "oneOf"] {
-        if let Some(alts) = schema.get(key).and_then(Value::as_array) {
-            if !alts.iter().any(|s| check(s, root, v, at).is_ok()) {
-                return Err(format!("{at}: {v} matches none of {key}"));
-            }
+        if let Some(alts) = schema.get(key).and_then(Value::as_array)
+            && !alts.iter().any(|s| check(s, root, v, at).is_ok())
+        {
+            return Err(format!("{at}: {v} matches none of {key}"));
         }
     }
     if let Some(t) = schema.get("type") {

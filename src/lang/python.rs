@@ -161,13 +161,14 @@ def warm(env):
     np = sys.modules.get('numpy')
     if np is not None:
         np.random.seed()
-    run("print('', end='')", False, 0, env, '/workspace')
+    run("print('', end='')", False, 1, env, '/workspace')
 
 def polish(modules):
     # Readies a pooled instance while the pool is idle: maps what a first turn would fault in
     # (run, print, numpy's common paths, and the imports of the image's modules that most
     # turns start with, in a namespace of their own). Leaves nothing behind in __main__.
-    run("print('', end='')")
+    # Images asked for, as calls ask: the end-of-turn look for figures maps its pages too.
+    run("print('', end='')", False, 1)
     for m in modules:
         exec(compile('import ' + m, '<polish>', 'exec', dont_inherit=True), {})
     np = sys.modules.get('numpy')
@@ -943,7 +944,9 @@ impl Shared {
             run_turn(&mut guest.store, &instance, polish_turn)
                 .map_err(|e| fail(&format!("the polish turn failed: {e:#}")))?;
             let polished = measure(&guest)?;
-            run_turn(&mut guest.store, &instance, &call(("run", sample))).map_err(|e| {
+            // As a call runs it: asking for images, so the look for figures is measured too.
+            let turn = call(("run", sample, false, 1));
+            run_turn(&mut guest.store, &instance, &turn).map_err(|e| {
                 fail(&format!(
                     "the sample turn {sample:?} failed: {e:#}: {}",
                     guest.take_stderr()
