@@ -12,7 +12,7 @@ use super::commands::{KillArgs, ProcessesArgs, RunCommandArgs};
 use super::env::{EnvReply, EnvSetArgs};
 use super::exec::{BACKGROUND_MAX_TIMEOUT, BACKGROUND_TIMEOUT, ExecuteCodeArgs, Mode};
 use super::exec_reply::{ExecReply, exec_error, fit_output};
-use super::files::{FileListArgs, FileWriteArgs, PathArgs, ReadArgs, cloud_text_window};
+use super::files::{FileListArgs, FileWriteArgs, PathArgs, ReadArgs, cloud_text_window, listing};
 use super::reply::{error_result, fit_list, max_results, ok_result, output_share};
 use crate::lang::guest::WORKSPACE_GUEST;
 use crate::sandbox::fs::rfc3339;
@@ -131,22 +131,9 @@ impl WasmboxServer {
             "file_list" => {
                 let a = args!(FileListArgs);
                 let budget = self.wasmbox.config().result_bytes;
-                sb.list_files(&a.path).await.map(|files| {
-                    let total = files.len();
-                    let shown = max_results(a.max_results, total);
-                    let files = files
-                        .iter()
-                        .take(shown)
-                        .map(|f| serde_json::to_value(f).unwrap_or_default());
-                    fit_list(
-                        json!({"path": a.path}),
-                        "files",
-                        files,
-                        total,
-                        shown < total,
-                        budget,
-                    )
-                })
+                sb.list_files(&a.path)
+                    .await
+                    .map(|files| listing(&a.path, &files, a.max_results, budget))
             }
             "file_exists" => {
                 let a = args!(PathArgs);

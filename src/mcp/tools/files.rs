@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::WasmboxServer;
 use super::args::{lenient, lenient_opt};
-use super::reply::{Reply, ToolError, ToolResult, fit_list, max_results, on_disk, pretty, schema};
+use super::reply::{Reply, ToolError, ToolResult, fit_list, on_disk, pretty, schema};
 use crate::lang::guest::WORKSPACE_GUEST;
 use crate::sandbox::fs::FsError;
 
@@ -289,15 +289,12 @@ impl WasmboxServer {
                 .fs
                 .list(&a.path)
                 .map_err(|e| file_error("file_list", &a.path, &e))?;
-            let total = files.len();
-            let shown = max_results(a.max_results, total);
-            let files = files
-                .iter()
-                .take(shown)
-                .map(|f| serde_json::to_value(f).unwrap_or_default());
-            let head = json!({"path": p.guest()});
-            let v = fit_list(head, "files", files, total, shown < total, budget);
-            Ok(Reply::json(v))
+            Ok(Reply::json(listing(
+                p.guest(),
+                &files,
+                a.max_results,
+                budget,
+            )))
         })
         .await
     }
@@ -362,6 +359,25 @@ impl WasmboxServer {
         })
         .await
     }
+}
+
+/// A directory's entries as file_list answers, local or cloud: at most `max_results`, within
+/// the answer's budget.
+pub fn listing<F: Serialize>(path: &str, files: &[F], max_results: i64, budget: usize) -> Value {
+    let total = files.len();
+    let shown = super::reply::max_results(max_results, total);
+    let entries = files
+        .iter()
+        .take(shown)
+        .map(|f| serde_json::to_value(f).unwrap_or_default());
+    fit_list(
+        json!({"path": path}),
+        "files",
+        entries,
+        total,
+        shown < total,
+        budget,
+    )
 }
 
 fn status(path: String, status: &str) -> Reply<FileStatus> {
