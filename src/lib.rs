@@ -6,7 +6,6 @@
 pub mod cloud;
 pub mod config;
 pub mod engine;
-pub mod error;
 pub mod fit;
 pub mod lang;
 pub mod mcp;
@@ -20,17 +19,69 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OnceCell, Semaphore};
 use wasmtime::Engine;
 
+use cloud::CloudError;
 pub use config::Config;
+use engine::EngineError;
 use engine::cache::{ModuleCache, Origin};
 pub use engine::limits::{LimitHit, Limits};
 use engine::progress::ProgressSink;
-pub use error::{Error, Result};
+use lang::LangError;
 use lang::go::{GoCacheStats, GoRuntime};
 use lang::javascript::JsRuntime;
 use lang::python::{PythonPaths, PythonRuntime};
 pub use lang::{ExecRequest, ExecResult, Language};
+use sandbox::fs::FsError;
 use sandbox::jobs::Job;
-use sandbox::{Sandbox, Sandboxes, Slot};
+use sandbox::{Sandbox, SandboxError, Sandboxes, Slot};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The library's error: each layer's own, composed. Each message says what went wrong and what
+/// to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Lang(#[from] LangError),
+
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+
+    #[error(transparent)]
+    File(#[from] FsError),
+
+    #[error("{0}")]
+    Webhook(String),
+
+    #[error(transparent)]
+    Cloud(#[from] CloudError),
+
+    #[error("the client cancelled the call{0}")]
+    Cancelled(&'static str),
+}
+
+impl From<EngineError> for Error {
+    fn from(e: EngineError) -> Self {
+        Error::Lang(e.into())
+    }
+}
+
+impl Error {
+    pub fn wasm(msg: impl Into<String>) -> Self {
+        EngineError::Wasm(msg.into()).into()
+    }
+
+    pub fn busy(msg: impl Into<String>) -> Self {
+        EngineError::Busy(msg.into()).into()
+    }
+
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        LangError::InvalidArgument(msg.into()).into()
+    }
+
+    pub fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+        EngineError::io(path, source).into()
+    }
+}
 
 /// What a caller asks for, before validation (the shape of the MCP tools' arguments).
 #[derive(Clone, Debug, Default)]
@@ -134,7 +185,7 @@ impl Wasmbox {
                 cloud_sandboxes: Default::default(),
                 webhook_key,
                 http: sandbox::webhook::client(&config.webhook)
-                    .map_err(|e| Error::Engine(format!("building the HTTP client: {e}")))?,
+                    .map_err(|e| Error::wasm(format!("building the HTTP client: {e}")))?,
                 live: Semaphore::new(config.max_guests),
                 cpu: engine::cpu::CpuSlots::new(config.max_concurrency, config.foreground_slots),
                 guests: engine::threads::GuestThreads::new(
@@ -269,12 +320,12 @@ impl Wasmbox {
     ) -> Result<(Arc<PythonRuntime>, Origin)> {
         let stages = (&self.inner.loading.python, Language::Python, progress);
         load_once(&self.inner.python, stages, self.inner.clone(), |inner| {
-            PythonRuntime::load(
+            Ok(PythonRuntime::load(
                 &inner.engine,
                 &inner.cache,
                 PythonPaths::new(&inner.config.runtimes_dir),
                 &inner.config.python,
-            )
+            )?)
         })
         .await
     }
@@ -293,12 +344,12 @@ impl Wasmbox {
             stages,
             self.inner.clone(),
             |inner| {
-                JsRuntime::load(
+                Ok(JsRuntime::load(
                     &inner.engine,
                     &inner.cache,
                     &inner.config.runtimes_dir,
                     inner.config.python.pool_size,
-                )
+                )?)
             },
         )
         .await
@@ -384,7 +435,7 @@ impl Wasmbox {
         let cfg = &self.inner.config;
         let language = Language::parse(&opts.language)?;
         if opts.code.len() > cfg.max_code_bytes {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "code is {} bytes; the limit is {} bytes",
                 opts.code.len(),
                 cfg.max_code_bytes
@@ -393,12 +444,12 @@ impl Wasmbox {
         let timeout = match opts.timeout_secs {
             None => cfg.default_limits.timeout,
             Some(t) if t.is_nan() || t <= 0.0 => {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid(format!(
                     "Invalid timeout {t}: timeout must be positive (seconds)"
                 )));
             }
             Some(t) if t > cfg.max_timeout.as_secs_f64() => {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::invalid(format!(
                     "Invalid timeout {t}: the maximum is {} seconds",
                     cfg.max_timeout.as_secs()
                 )));
@@ -410,7 +461,7 @@ impl Wasmbox {
             Some(m) => {
                 let bytes = (m as usize).saturating_mul(config::MIB);
                 if m == 0 || bytes > cfg.max_memory_bytes {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::invalid(format!(
                         "Invalid memory limit {m} MiB: it must be between 1 and {} MiB",
                         cfg.max_memory_bytes / config::MIB
                     )));
@@ -538,7 +589,7 @@ impl Wasmbox {
             &self.inner.config.cloud,
         )?;
         if location == cloud::Location::Local {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "template {template} runs locally; create it as a local sandbox"
             )));
         }
@@ -594,9 +645,10 @@ impl Wasmbox {
 
     /// The HOPX client, once routing has said the cloud may be used.
     pub fn cloud(&self) -> Result<&cloud::Cloud> {
-        self.inner.cloud.as_ref().ok_or_else(|| {
-            Error::Engine("the HOPX client could not be built (see the server log)".into())
-        })
+        self.inner
+            .cloud
+            .as_ref()
+            .ok_or_else(|| Error::wasm("the HOPX client could not be built (see the server log)"))
     }
 
     /// Runs `req` in a fresh instance (not the session) on `sb`'s files and env: a command
@@ -620,15 +672,15 @@ impl Wasmbox {
             Language::Bash => return Err(bash_unavailable()),
             Language::Python => {
                 let (python, _) = self.load_python(progress).await?;
-                Box::new(move || python.run_oneshot(&req))
+                Box::new(move || Ok(python.run_oneshot(&req)?))
             }
             Language::Go => {
                 let (go, _) = self.load_go(progress).await?;
-                Box::new(move || go.run_oneshot(&req))
+                Box::new(move || Ok(go.run_oneshot(&req)?))
             }
             Language::JavaScript => {
                 let (js, _) = self.load_javascript(progress).await?;
-                Box::new(move || js.run_oneshot(&req))
+                Box::new(move || Ok(js.run_oneshot(&req)?))
             }
         })
     }
@@ -640,7 +692,7 @@ impl Wasmbox {
         let cfg = &self.inner.config;
         let queued = Instant::now();
         let busy = move || {
-            Error::Busy(format!(
+            Error::busy(format!(
                 "every execution slot ({} running at once, WASMBOX_CONCURRENCY) stayed taken for {:.0} s (WASMBOX_QUEUE_WAIT_S); try again shortly",
                 cfg.max_concurrency,
                 cfg.queue_wait.as_secs_f64()
@@ -648,7 +700,7 @@ impl Wasmbox {
         };
         let _live = match tokio::time::timeout(cfg.queue_wait, self.inner.live.acquire()).await {
             Ok(Ok(permit)) => permit,
-            Ok(Err(_)) => return Err(Error::Busy("shutting down".into())),
+            Ok(Err(_)) => return Err(Error::busy("shutting down")),
             Err(_) => return Err(busy()),
         };
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
@@ -700,11 +752,11 @@ impl Wasmbox {
                     None => run(),
                 };
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(go))
-                    .unwrap_or_else(|_| Err(Error::Engine("the job panicked".into())));
+                    .unwrap_or_else(|_| Err(Error::wasm("the job panicked")));
                 done(r);
             })
             .map(drop)
-            .map_err(|e| Error::Busy(format!("starting a job thread: {e}")))
+            .map_err(|e| Error::busy(format!("starting a job thread: {e}")))
     }
 
     /// The compiled-module cache.
@@ -760,7 +812,7 @@ impl Wasmbox {
                     in_session(
                         &mut slot,
                         "Python",
-                        || py.session(&req),
+                        || Ok(py.session(&req)?),
                         |s| {
                             let mut r = s.turn(&req);
                             if rich && s.alive() {
@@ -784,7 +836,7 @@ impl Wasmbox {
                     in_session(
                         &mut slot,
                         "JavaScript",
-                        || js.session(&req),
+                        || Ok(js.session(&req)?),
                         |s| s.run(&req),
                         |s| s.alive(),
                     )
@@ -929,13 +981,14 @@ mod futures_like {
 }
 
 fn bash_unavailable() -> Error {
-    Error::LanguageNotAvailable(
+    LangError::LanguageNotAvailable(
         "bash needs a shell, which a local WebAssembly sandbox does not have. One-shots (no \
          sandbox_id) run bash in the HOPX cloud when HOPX_API_KEY is set; for a sandbox with a \
          shell, create a cloud sandbox (internet_access=true, or a cloud template) with \
          HOPX_API_KEY set. python, javascript and go run locally"
             .into(),
     )
+    .into()
 }
 
 /// Runs one call in a sandbox's session for a language: starts the session if there is none
@@ -964,7 +1017,7 @@ fn in_session<S>(
         Err(_) => {
             slot.session = None;
             slot.ended = Some("wasmbox failed inside it (a host panic)".into());
-            return Err(Error::Engine(format!(
+            return Err(Error::wasm(format!(
                 "the execution failed inside wasmbox (a host panic); the {name} session was discarded, files in /workspace remain"
             )));
         }
@@ -1033,7 +1086,7 @@ fn quota_note(sb: &Sandbox, r: &mut ExecResult) {
 pub fn check_env(env: &BTreeMap<String, String>) -> Result<()> {
     for (k, v) in env {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::invalid(format!(
                 "Invalid environment variable {k:?}: names must be non-empty without '=' or NUL, values without NUL"
             )));
         }
@@ -1083,7 +1136,7 @@ async fn load_once<T: Send + Sync + 'static>(
             engine::progress::with_stages(Some(report), || load(&inner))
         })
         .await
-        .map_err(|e| Error::Engine(format!("loading a runtime panicked: {e}")))??;
+        .map_err(|e| Error::wasm(format!("loading a runtime panicked: {e}")))??;
         origin = o;
         Ok::<_, Error>(Arc::new(rt))
     });

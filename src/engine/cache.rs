@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, Module};
 
-use crate::error::{Error, Result};
+use super::{EngineError as Error, Result};
 
 /// Where compiled modules live, and how they are named.
 #[derive(Clone, Debug)]
@@ -153,13 +153,13 @@ impl ModuleCache {
     /// Loads the module identified by `source_key` (a hash of everything that determines its
     /// bytes), calling `wasm` to produce the bytes only when no compiled copy is cached. Derived
     /// modules (pre-initialised images) use this so they are built once, not on every start.
-    pub fn load_with(
+    pub fn load_with<E: From<Error>>(
         &self,
         engine: &Engine,
         source_key: &str,
         label: &str,
-        wasm: impl FnOnce() -> Result<Vec<u8>>,
-    ) -> Result<(Module, Origin)> {
+        wasm: impl FnOnce() -> Result<Vec<u8>, E>,
+    ) -> Result<(Module, Origin), E> {
         let key = Self::key(engine, source_key);
         let cwasm = self.dir.join(format!("{key}.cwasm"));
         if let Some(module) = self.try_load(engine, &cwasm, label) {
@@ -180,13 +180,13 @@ impl ModuleCache {
         }
         let bytes = wasm()?;
         let compiled = with_progress(label, bytes.len(), || engine.precompile_module(&bytes))
-            .map_err(|e| Error::Engine(format!("compiling {label}: {e:#}")))?;
+            .map_err(|e| Error::Wasm(format!("compiling {label}: {e:#}")))?;
         drop(bytes);
         write_atomically(&cwasm, &compiled).map_err(|e| Error::io(&cwasm, e))?;
         drop(compiled);
-        let module = self.try_load(engine, &cwasm, label).ok_or_else(|| {
-            Error::Engine(format!("{label}: freshly compiled module did not load"))
-        })?;
+        let module = self
+            .try_load(engine, &cwasm, label)
+            .ok_or_else(|| Error::Wasm(format!("{label}: freshly compiled module did not load")))?;
         drop(lock);
         Ok((module, Origin::Compiled))
     }

@@ -5,6 +5,7 @@ pub mod cache;
 pub mod cpu;
 pub mod disk;
 pub mod epoch;
+mod error;
 pub mod limits;
 pub mod pool;
 pub mod prefault;
@@ -16,7 +17,8 @@ use std::time::Duration;
 
 use wasmtime::{Config, Engine, Strategy};
 
-use crate::error::{Error, Result};
+use EngineError as Error;
+pub use error::{EngineError, Result};
 
 /// Deepest wasm stack a guest may use. CPython's C recursion needs more than the 512 KiB default
 /// for some libraries; 8 MiB is the reference host's setting.
@@ -63,7 +65,7 @@ pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> 
             .max_memory_size(max_memory);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
     }
-    let engine = Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))?;
+    let engine = Engine::new(&config).map_err(|e| Error::Wasm(format!("{e:#}")))?;
     start_epoch_ticker(&engine);
     Ok(engine)
 }
@@ -74,7 +76,7 @@ pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> 
 pub fn warmup_engine() -> Result<Engine> {
     let mut config = base_config(Strategy::Cranelift);
     config.cranelift_opt_level(wasmtime::OptLevel::None);
-    Engine::new(&config).map_err(|e| Error::Engine(format!("{e:#}")))
+    Engine::new(&config).map_err(|e| Error::Wasm(format!("{e:#}")))
 }
 
 /// An engine with the given compiler and otherwise the same settings (epochs, wasm stack, CoW),
@@ -82,8 +84,7 @@ pub fn warmup_engine() -> Result<Engine> {
 /// (about 10x faster to compile than Cranelift, somewhat slower code); it does not support the
 /// exception-handling proposal, which only CPython needs, so that is on for Cranelift only.
 pub fn build_engine_with(strategy: Strategy) -> Result<Engine> {
-    let engine =
-        Engine::new(&base_config(strategy)).map_err(|e| Error::Engine(format!("{e:#}")))?;
+    let engine = Engine::new(&base_config(strategy)).map_err(|e| Error::Wasm(format!("{e:#}")))?;
     start_epoch_ticker(&engine);
     Ok(engine)
 }

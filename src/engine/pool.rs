@@ -17,11 +17,11 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::GUEST_THREAD_STACK;
-use crate::error::Result;
+use super::{EngineError, Result};
 
-type Factory<T> = Box<dyn Fn() -> Result<T> + Send + Sync>;
+type Factory<T, E> = Box<dyn Fn() -> Result<T, E> + Send + Sync>;
 /// A pool's optional polish of a ready instance (see the module docs).
-pub type Polish<T> = Box<dyn Fn(&mut T) -> Result<()> + Send + Sync>;
+pub type Polish<T, E = EngineError> = Box<dyn Fn(&mut T) -> Result<(), E> + Send + Sync>;
 
 /// A ready instance, and whether it has been polished.
 struct Item<T> {
@@ -30,8 +30,8 @@ struct Item<T> {
 }
 
 /// A pool of ready `T`s for one runtime image.
-pub struct Pool<T: Send + 'static> {
-    shared: Arc<Shared<T>>,
+pub struct Pool<T: Send + 'static, E: 'static = EngineError> {
+    shared: Arc<Shared<T, E>>,
 }
 
 /// What the refill threads and `take` share under one lock.
@@ -50,13 +50,13 @@ impl<T> Ready<T> {
     }
 }
 
-struct Shared<T> {
+struct Shared<T, E> {
     name: String,
     ready: Mutex<Ready<T>>,
     wake: Condvar,
     target: usize,
-    factory: Factory<T>,
-    polish: Option<Polish<T>>,
+    factory: Factory<T, E>,
+    polish: Option<Polish<T, E>>,
     stop: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -78,7 +78,7 @@ pub struct PoolStats {
     pub failures: u64,
 }
 
-impl<T: Send + 'static> Pool<T> {
+impl<T: Send + 'static, E: std::fmt::Display + Send + 'static> Pool<T, E> {
     /// Starts `refill_threads` threads that keep `target` instances ready, made by `factory`.
     /// A `target` of 0 makes a pool that is always empty (every take is a miss).
     /// `polish`, if given, is applied to each ready instance once the pool is full.
@@ -86,8 +86,8 @@ impl<T: Send + 'static> Pool<T> {
         name: &str,
         target: usize,
         refill_threads: usize,
-        factory: impl Fn() -> Result<T> + Send + Sync + 'static,
-        polish: Option<Polish<T>>,
+        factory: impl Fn() -> Result<T, E> + Send + Sync + 'static,
+        polish: Option<Polish<T, E>>,
     ) -> Self {
         let shared = Arc::new(Shared {
             name: name.to_string(),
@@ -149,7 +149,7 @@ impl<T: Send + 'static> Pool<T> {
 
     /// A ready instance, made now on the caller's thread when the pool is empty (the
     /// pool-empty path), so exhaustion costs latency, never an error.
-    pub fn take_or_make(&self) -> Result<T> {
+    pub fn take_or_make(&self) -> Result<T, E> {
         match self.take() {
             Some(t) => Ok(t),
             None => (self.shared.factory)(),
@@ -193,14 +193,14 @@ impl<T: Send + 'static> Pool<T> {
     }
 }
 
-impl<T: Send + 'static> Drop for Pool<T> {
+impl<T: Send + 'static, E: 'static> Drop for Pool<T, E> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.wake.notify_all();
     }
 }
 
-fn refill<T>(s: Arc<Shared<T>>) {
+fn refill<T, E: std::fmt::Display>(s: Arc<Shared<T, E>>) {
     let mut backoff = Duration::from_millis(100);
     loop {
         /// What a refill thread does next.
@@ -305,7 +305,7 @@ mod tests {
             if f.swap(true, Ordering::SeqCst) {
                 Ok(())
             } else {
-                Err(crate::error::Error::Engine("polish failed".into()))
+                Err(EngineError::Wasm("polish failed".into()))
             }
         });
         let pool = Pool::new("test", 2, 1, || Ok(7u32), Some(polish));

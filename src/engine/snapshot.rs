@@ -6,29 +6,29 @@ use wasmtime::{Engine, Instance, Module, Store};
 use wasmtime_wizer::{WasmtimeWizer, Wizer};
 
 use super::cache::with_progress;
-use crate::error::{Error, Result};
+use super::{EngineError as Error, Result};
 
 /// Instruments `wasm`, lets `warm` instantiate and run it on `engine`, and returns the snapshot.
 ///
 /// `warm` gets the instrumented module and must return the store and instance after the
 /// warm-up. It must use the production imports and the production preopen layout: the guest's
 /// libc bakes its preopen table into the snapshot.
-pub fn build<T: Send + 'static>(
+pub fn build<T: Send + 'static, E: From<Error>>(
     engine: &Engine,
     wasm: &[u8],
     label: &str,
-    warm: impl FnOnce(&Module) -> Result<(Store<T>, Instance)>,
-) -> Result<Vec<u8>> {
+    warm: impl FnOnce(&Module) -> Result<(Store<T>, Instance), E>,
+) -> Result<Vec<u8>, E> {
     let wizer = Wizer::new();
     let (cx, instrumented) = wizer
         .instrument(wasm)
-        .map_err(|e| Error::Engine(format!("instrumenting {label}: {e:#}")))?;
+        .map_err(|e| Error::Wasm(format!("instrumenting {label}: {e:#}")))?;
     let module = with_progress(
         &format!("{label} (warm-up build)"),
         instrumented.len(),
         || Module::new(engine, &instrumented),
     )
-    .map_err(|e| Error::Engine(format!("compiling instrumented {label}: {e:#}")))?;
+    .map_err(|e| Error::Wasm(format!("compiling instrumented {label}: {e:#}")))?;
     drop(instrumented);
     super::progress::stage(&format!("{label}: warming up"));
     let (mut store, instance) = warm(&module)?;
@@ -38,7 +38,7 @@ pub fn build<T: Send + 'static>(
     // is enough to drive wizer's async API.
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
-        .map_err(|e| Error::Engine(format!("snapshot runtime: {e}")))?;
+        .map_err(|e| Error::Wasm(format!("snapshot runtime: {e}")))?;
     rt.block_on(wizer.snapshot(
         &cx,
         &mut WasmtimeWizer {
@@ -46,5 +46,5 @@ pub fn build<T: Send + 'static>(
             instance,
         },
     ))
-    .map_err(|e| Error::Engine(format!("snapshotting {label}: {e:#}")))
+    .map_err(|e| Error::Wasm(format!("snapshotting {label}: {e:#}")).into())
 }

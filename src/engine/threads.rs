@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use super::GUEST_THREAD_STACK;
-use crate::error::{Error, Result};
+use super::{EngineError as Error, Result};
 
 type Job = Box<dyn FnOnce() + Send>;
 type Deferred = Box<dyn FnOnce()>;
@@ -69,16 +69,19 @@ fn hand_to_reaper<T: Send + 'static>(spent: T) {
 
 /// Runs `f` to completion on a new thread with a guest's stack, for one-off wasm runs outside
 /// the request path (building an image, calibrating instances).
-pub fn on_guest_stack<R: Send>(what: &str, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
+pub fn on_guest_stack<R: Send, E: From<Error> + Send>(
+    what: &str,
+    f: impl FnOnce() -> Result<R, E> + Send,
+) -> Result<R, E> {
     // A runtime's load runs some of its stages here: they are reported as the caller's.
     let stages = super::progress::stage_reporter();
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .stack_size(GUEST_THREAD_STACK)
             .spawn_scoped(scope, || super::progress::with_stages(stages, f))
-            .map_err(|e| Error::Engine(format!("spawning the {what} thread: {e}")))?
+            .map_err(|e| Error::Wasm(format!("spawning the {what} thread: {e}")))?
             .join()
-            .map_err(|_| Error::Engine(format!("the {what} thread panicked")))?
+            .map_err(|_| E::from(Error::Wasm(format!("the {what} thread panicked"))))?
     })
 }
 
@@ -236,20 +239,20 @@ impl GuestThreads {
     }
 
     /// Runs `f` on a guest thread and waits for its result without blocking the async runtime.
-    pub async fn run<T: Send + 'static>(
+    pub async fn run<T: Send + 'static, E: From<Error> + Send + 'static>(
         &self,
-        f: impl FnOnce() -> Result<T> + Send + 'static,
-    ) -> Result<T> {
+        f: impl FnOnce() -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move || {
             let _ = tx.send(f());
         });
         self.hub.submit(job)?;
         rx.await.map_err(|_| {
-            Error::Engine(
+            E::from(Error::Wasm(
                 "the execution failed inside wasmbox (a host panic); other calls are unaffected"
                     .into(),
-            )
+            ))
         })?
     }
 }
@@ -285,7 +288,7 @@ mod tests {
                 let _ = gate_rx.recv_timeout(Duration::from_secs(2));
                 r.store(true, Ordering::SeqCst);
             });
-            Ok(7)
+            Ok::<_, Error>(7)
         }));
         assert_eq!(got.unwrap(), 7);
         assert!(
@@ -317,7 +320,7 @@ mod tests {
                     threads
                         .run(move || {
                             std::thread::sleep(Duration::from_millis(20));
-                            Ok(i)
+                            Ok::<_, Error>(i)
                         })
                         .await
                 }));
@@ -331,10 +334,12 @@ mod tests {
         assert_eq!(names, (0..6).collect::<Vec<_>>());
         // Quiet now: two sequential jobs land on the same thread.
         let name = || {
-            Ok(std::thread::current()
-                .name()
-                .unwrap_or_default()
-                .to_string())
+            Ok::<_, Error>(
+                std::thread::current()
+                    .name()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
         };
         let a = rt.block_on(threads.run(name)).unwrap();
         // Give it time to report idle again (it does so after handing the result back).

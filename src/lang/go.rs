@@ -24,10 +24,10 @@ use wasmtime::{Engine, InstancePre, Linker, Strategy};
 
 use super::guest::{Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, wasi_linker};
 use super::{EXIT_TIMEOUT, ExecRequest, ExecResult, Language, Stage};
+use super::{LangError as Error, Result};
 use crate::engine::build_engine_with;
 use crate::engine::cache::{ModuleCache, write_atomically};
 use crate::engine::limits::{LimitHit, Stop, StopReason};
-use crate::error::{Error, Result};
 
 /// Flags of every build. The pre-warm in `runtimes/fetch.py` must use the same ones (GOCACHE keys
 /// depend on them); `-trimpath` makes the output reproducible and traces show `./main.go:N`.
@@ -488,7 +488,7 @@ impl GoRuntime {
     ) -> Result<Arc<Loaded>> {
         let pre = linker
             .instantiate_pre(module)
-            .map_err(|e| Error::Engine(format!("go: linking the snippet: {e:#}")))?;
+            .map_err(|e| Error::wasm(format!("go: linking the snippet: {e:#}")))?;
         let loaded = Arc::new(Loaded {
             pre,
             engine: engine.clone(),
@@ -525,6 +525,7 @@ impl GoRuntime {
                 let out = this
                     .modules
                     .load_keyed(&this.optimizing, &key, &wasm, "go snippet (Cranelift)")
+                    .map_err(Error::from)
                     .and_then(|(m, _)| {
                         this.remember(&key, &this.optimizing, &this.optimizing_linker, &m)
                     });

@@ -11,10 +11,10 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 
 use super::wasi::Watch;
 use super::{EXIT_TIMEOUT, ExecRequest, ExecResult, Language, Place};
+use super::{LangError as Error, Result};
 use crate::engine::deadline_ticks;
 use crate::engine::disk::{DiskBudget, Over};
 use crate::engine::limits::{CappedOutput, Captured, LimitHit, MemoryLimiter, StopReason, Stopped};
-use crate::error::{Error, Result};
 
 pub const WORKSPACE_GUEST: &str = "/workspace";
 pub const TMP_GUEST: &str = "/tmp";
@@ -601,5 +601,5 @@ fn remove_stale_roots(tmp: &Path) {
 }
 
 pub fn engine_err(e: wasmtime::Error) -> Error {
-    Error::Engine(format!("{e:#}"))
+    Error::wasm(format!("{e:#}"))
 }

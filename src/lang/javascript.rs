@@ -17,12 +17,12 @@ use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
 };
 use super::{ExecRequest, ExecResult, Language, Place};
+use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Pool, PoolStats};
 use crate::engine::prefault::PageSet;
 use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, snapshot};
-use crate::error::{Error, Result};
 
 /// `wb_eval` flag: print the completion value (REPL style), for sessions.
 const FLAG_ECHO: i32 = 1;
@@ -45,7 +45,7 @@ pub fn module_path(runtimes_dir: &Path) -> PathBuf {
 /// parses the prelude, about 4 ms) pre-linked once, and a pool of instances made ahead of time.
 pub struct JsRuntime {
     shared: Arc<Shared>,
-    pool: Pool<Ready>,
+    pool: Pool<Ready, Error>,
 }
 
 /// What every instance is made from; the pool's refill threads hold it too.
@@ -83,18 +83,18 @@ impl Shared {
             instance,
         } = self.instantiate_in(None)?;
         let status = eval(&mut guest.store, &instance, "console.log(1+1)", 0)
-            .map_err(|e| Error::Engine(format!("the sample eval failed: {e:#}")))?;
+            .map_err(|e| Error::wasm(format!("the sample eval failed: {e:#}")))?;
         if status != 0 {
-            return Err(Error::Engine(format!(
+            return Err(Error::wasm(format!(
                 "the sample eval returned {status}: {}",
                 guest.take_stderr()
             )));
         }
         let memory = instance
             .get_memory(&mut guest.store, "memory")
-            .ok_or_else(|| Error::Engine("the module exports no memory".into()))?;
+            .ok_or_else(|| Error::wasm("the module exports no memory"))?;
         PageSet::measure_memory(&guest.store, memory, true)
-            .map_err(|e| Error::Engine(format!("reading the page map: {e}")))
+            .map_err(|e| Error::wasm(format!("reading the page map: {e}")))
     }
 }
 
@@ -368,7 +368,7 @@ fn load_image(engine: &Engine, cache: &ModuleCache, path: &Path) -> Result<(Modu
                     .instantiate(&mut guest.store, module)
                     .map_err(engine_err)?;
                 init(&mut guest.store, &instance).map_err(|e| {
-                    Error::Engine(format!(
+                    Error::wasm(format!(
                         "the JavaScript image warm-up failed: {e:#}: {}",
                         guest.take_stderr()
                     ))

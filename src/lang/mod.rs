@@ -1,5 +1,6 @@
 //! Languages: the request and result types every adapter shares, and one adapter per language.
 
+mod error;
 pub mod go;
 pub mod guest;
 pub mod images;
@@ -15,7 +16,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::engine::limits::{CappedOutput, LimitHit, Stop};
-use crate::error::{Error, Result};
+use LangError as Error;
+pub use error::{LangError, Result};
 
 /// A language a caller can ask for. Parsing accepts the usual aliases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]

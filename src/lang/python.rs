@@ -19,12 +19,12 @@ use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
 };
 use super::{ExecRequest, ExecResult, Language};
+use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Polish, Pool, PoolStats};
 use crate::engine::prefault::PageSet;
 use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, snapshot};
-use crate::error::{Error, Result};
 
 /// The guest path of the interpreter, as argv[0]: the prefix /usr/local is baked into the build.
 const ARGV0: &str = "/usr/local/bin/python.wasm";
@@ -294,7 +294,7 @@ struct Shared {
 /// A loaded Python runtime: the module pre-linked once, and its pool of ready instances.
 pub struct PythonRuntime {
     shared: Arc<Shared>,
-    pool: Pool<Ready>,
+    pool: Pool<Ready, Error>,
 }
 
 impl PythonRuntime {
@@ -339,10 +339,10 @@ impl PythonRuntime {
         }
         let shared = Arc::new(shared);
         let s = shared.clone();
-        let polish: Option<Polish<Ready>> = shared.fast.as_ref().map(|_| {
+        let polish: Option<Polish<Ready, Error>> = shared.fast.as_ref().map(|_| {
             Box::new(move |r: &mut Ready| {
                 run_turn(&mut r.guest.store, &r.instance, &polish_turn)
-                    .map_err(|e| Error::Engine(format!("python polish turn failed: {e:#}")))
+                    .map_err(|e| Error::wasm(format!("python polish turn failed: {e:#}")))
             }) as _
         });
         let pool = Pool::new(
@@ -911,7 +911,7 @@ impl Shared {
     }
 
     fn measure_fast_ready(&self, polish_turn: &str, preimport: &[String]) -> Result<FastReady> {
-        let fail = |what: &str| Error::Engine(format!("calibration: {what}"));
+        let fail = |what: &str| Error::wasm(format!("calibration: {what}"));
         // Where the generators are: their addresses (`id`) and states, from the guest.
         let (mut guest, instance) = self.instantiate_in(None)?;
         run_turn(&mut guest.store, &instance, &call(("script", RNG_PROBE))).map_err(|e| {
@@ -982,7 +982,7 @@ impl Shared {
                 .and_then(|()| run_turn(&mut guest.store, &instance, &WARM_TURN)),
         };
         warm.map_err(|e| {
-            Error::Engine(format!(
+            Error::wasm(format!(
                 "python warm-up failed: {e:#}: {}",
                 guest.take_stderr()
             ))
@@ -994,7 +994,7 @@ impl Shared {
 fn exported_memory(guest: &mut Guest, instance: &Instance) -> Result<wasmtime::Memory> {
     instance
         .get_memory(&mut guest.store, "memory")
-        .ok_or_else(|| Error::Engine("calibration: python exports no memory".into()))
+        .ok_or_else(|| Error::wasm("calibration: python exports no memory"))
 }
 
 /// Small first turns whose pages every instance gets ahead: a `print`, and the common first
@@ -1268,7 +1268,7 @@ fn build_image(paths: &PythonPaths, preimport: &[String]) -> Result<Vec<u8>> {
             prologue(&mut guest.store, &instance)
                 .and_then(|()| run_turn(&mut guest.store, &instance, &call(("script", &code))))
                 .map_err(|e| {
-                    Error::Engine(format!(
+                    Error::wasm(format!(
                         "the image warm-up failed: {e:#}: {}",
                         guest.take_stderr()
                     ))

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use wasmtime::{Caller, Engine, Extern, Instance, Linker, Memory, Module, Trap, TypedFunc};
 use wasmtime_wasi::clocks::HostMonotonicClock;
 
+use super::Result;
 use super::guest::GuestState;
 use crate::engine::cpu;
 use crate::engine::disk::{DiskBudget, FileId, Over};
 use crate::engine::limits::{Stop, StopReason, Stopped};
-use crate::error::Result;
 
 /// Longest a waiting guest goes without looking at its deadline and stop flag.
 const SLICE: Duration = Duration::from_millis(10);

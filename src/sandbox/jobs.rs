@@ -284,14 +284,14 @@ impl JobBudget {
         let mut st = self.state.lock().unwrap();
         let mine = st.by_owner.get(owner).copied().unwrap_or(0);
         if mine >= self.per_owner {
-            return Err(crate::Error::Busy(format!(
+            return Err(crate::Error::busy(format!(
                 "this client already runs {mine} background jobs and async executions, its limit \
                  (WASMBOX_MAX_JOBS_PER_TOKEN); wait for one to end or stop one with \
                  execute_kill_process"
             )));
         }
         if st.running >= self.max {
-            return Err(crate::Error::Busy(format!(
+            return Err(crate::Error::busy(format!(
                 "{} background jobs and async executions are running, the server's limit \
                  (WASMBOX_MAX_JOBS); wait for one to end or stop one with execute_kill_process",
                 st.running
@@ -313,7 +313,7 @@ impl JobBudget {
         }
         let mut st = self.state.lock().unwrap();
         if st.queued >= self.queue || st.queued_bytes.saturating_add(bytes) > self.queue_bytes {
-            return Err(crate::Error::Busy(format!(
+            return Err(crate::Error::busy(format!(
                 "the async queue is full ({} executions, {} bytes of code waiting; limits \
                  WASMBOX_ASYNC_QUEUE={} and WASMBOX_ASYNC_QUEUE_MB={}); try again later",
                 st.queued,

@@ -20,7 +20,7 @@ use reqwest::Url;
 use sha2::Sha256;
 
 use crate::config::WebhookConfig;
-use crate::error::{Error, Result};
+use crate::{Error, Result};
 
 /// The most of a webhook's reply that is read (for the log); the rest is never read.
 const REPLY_CAP: usize = 64 << 10;

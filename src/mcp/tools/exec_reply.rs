@@ -258,12 +258,16 @@ fn add_rich(v: &mut Value, r: &ExecResult, budget: usize) {
 
 /// An execution that could not run, in HOPX's error shape, flagged `isError`.
 pub fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> ToolError {
+    use crate::engine::EngineError as E;
+    use crate::lang::LangError as L;
     let (error, kind) = match e {
-        Error::UnknownLanguage(_) => ("Invalid language", "InvalidLanguage"),
-        Error::LanguageNotAvailable(_) => ("Language not available", "LanguageNotAvailable"),
-        Error::InvalidArgument(_) => ("Invalid arguments", "InvalidArgument"),
-        Error::RuntimeMissing { .. } => ("Runtime missing", "RuntimeMissing"),
-        Error::Busy(_) => ("Server busy", "Busy"),
+        Error::Lang(L::UnknownLanguage(_)) => ("Invalid language", "InvalidLanguage"),
+        Error::Lang(L::LanguageNotAvailable(_)) => {
+            ("Language not available", "LanguageNotAvailable")
+        }
+        Error::Lang(L::InvalidArgument(_)) => ("Invalid arguments", "InvalidArgument"),
+        Error::Lang(L::RuntimeMissing { .. }) => ("Runtime missing", "RuntimeMissing"),
+        Error::Lang(L::Engine(E::Busy(_))) => ("Server busy", "Busy"),
         Error::Cancelled(_) => ("Cancelled", "Cancelled"),
         Error::Sandbox(SandboxError::NotFound(_)) => ("Sandbox not found", "SandboxNotFoundError"),
         Error::Sandbox(_) => ("Invalid request", "SandboxError"),
@@ -271,7 +275,7 @@ pub fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> ToolError {
         Error::Webhook(_) => ("Invalid callback_url", "InvalidArgument"),
         Error::Cloud(c) if c.is_unavailable() => ("Language not available", "CloudUnavailable"),
         Error::Cloud(_) => ("Code execution failed", "CloudError"),
-        Error::Engine(_) | Error::Io { .. } => {
+        Error::Lang(L::Engine(E::Wasm(_) | E::Io { .. })) => {
             ("Unexpected error during code execution", "EngineError")
         }
     };
@@ -286,7 +290,7 @@ pub fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> ToolError {
         "exit_code": 1,
         "success": false,
     });
-    if let (Error::UnknownLanguage(_), Some(p)) = (e, provided) {
+    if let (Error::Lang(L::UnknownLanguage(_)), Some(p)) = (e, provided) {
         v["provided"] = json!(p);
     }
     ToolError::new(v)
