@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use wasmbox::lang::javascript::JsRuntime;
 use wasmbox::lang::python::PythonRuntime;
+use wasmbox::lang::session::SessionRuntime;
 use wasmbox::sandbox::LOCAL_OWNER;
 use wasmbox::{Config, ExecOptions, ExecRequest, Wasmbox};
 
@@ -243,11 +244,11 @@ fn session_turn(c: &mut Criterion) {
             std::thread::Builder::new()
                 .stack_size(wasmbox::engine::GUEST_THREAD_STACK)
                 .spawn(move || {
-                    let mut s = js.session(&req).unwrap();
-                    s.eval("let x = 0", Duration::from_secs(5));
+                    let mut s = js.start(&req).unwrap();
+                    JsRuntime::eval(&mut s, "let x = 0", Duration::from_secs(5));
                     let t = Instant::now();
                     for _ in 0..iters {
-                        let r = s.eval("x += 1", Duration::from_secs(5));
+                        let r = JsRuntime::eval(&mut s, "x += 1", Duration::from_secs(5));
                         assert_eq!(r.exit_code, 0);
                     }
                     t.elapsed()
@@ -346,6 +347,73 @@ fn sandbox(c: &mut Criterion) {
     g.finish();
 }
 
+/// Durable sessions, on a Python session that imported pandas and holds a 10,000-row DataFrame
+/// in a sandbox with a small workspace: a fork until the child's first turn has seen the
+/// DataFrame, and a pause (to disk) and a resume up to the first turn after it. The state's size
+/// on disk is printed once.
+fn durable(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox(0, &rt);
+    let sb = wb
+        .sandboxes()
+        .create("python", None, Default::default(), LOCAL_OWNER)
+        .unwrap();
+    let setup = "import pandas as pd\ndf = pd.DataFrame({'a': range(10000), 'b': [str(i) for i in range(10000)]})\n\
+open('/workspace/data.csv', 'w').write(df.head(2000).to_csv())";
+    let r = rt
+        .block_on(wb.execute_in(&sb, wb.request(opts("python", setup)).unwrap(), None, false))
+        .unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    let see = wb.request(opts("python", "assert len(df) == 10000")).unwrap();
+    let turn = |id: &str| {
+        let sb = wb.sandboxes().get(id, LOCAL_OWNER).unwrap();
+        let r = rt
+            .block_on(wb.execute_in(&sb, see.clone(), None, false))
+            .unwrap();
+        assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    };
+    let (_, notes) = rt.block_on(wb.pause_sandbox(&sb.id, LOCAL_OWNER)).unwrap();
+    eprintln!("durable: {}", notes.join("; "));
+    wb.sandboxes().set_paused(&sb.id, LOCAL_OWNER, false).unwrap();
+    turn(&sb.id);
+
+    let mut g = c.benchmark_group("durable");
+    g.bench_function("python_fork_to_first_turn", |b| {
+        b.iter(|| {
+            let (child, _) = rt.block_on(wb.fork_sandbox(&sb.id, LOCAL_OWNER)).unwrap();
+            turn(&child.id);
+            wb.sandboxes().delete(&child.id, LOCAL_OWNER).unwrap();
+        })
+    });
+    g.bench_function("python_pause", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                let t = Instant::now();
+                rt.block_on(wb.pause_sandbox(&sb.id, LOCAL_OWNER)).unwrap();
+                spent += t.elapsed();
+                wb.sandboxes().set_paused(&sb.id, LOCAL_OWNER, false).unwrap();
+                turn(&sb.id);
+            }
+            spent
+        })
+    });
+    g.bench_function("python_resume_to_first_turn", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                rt.block_on(wb.pause_sandbox(&sb.id, LOCAL_OWNER)).unwrap();
+                let t = Instant::now();
+                wb.sandboxes().set_paused(&sb.id, LOCAL_OWNER, false).unwrap();
+                turn(&sb.id);
+                spent += t.elapsed();
+            }
+            spent
+        })
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     pool_hit,
@@ -353,7 +421,8 @@ criterion_group!(
     session_turn,
     throughput,
     go,
-    sandbox
+    sandbox,
+    durable
 );
 
 /// For `benches/compare.py` (`WASMBOX_BENCH_P50=<calls>`): p50 and p90 of pool-hit Python

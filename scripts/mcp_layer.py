@@ -100,6 +100,9 @@ async def main() -> int:
                 ("cache_clear", {}),
                 ("list_templates", {}),
                 ("get_template", {"name": "code-interpreter"}),
+                ("fork_sandbox", s()),
+                ("snapshot_sandbox", s()),
+                ("list_snapshots", {}),
                 ("delete_sandbox", {"id": sid}),
             ]
             for name, args in flow:

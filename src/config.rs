@@ -103,7 +103,9 @@ impl Config {
     /// pooling allocator off), `WASMBOX_SANDBOX_TIMEOUT` (seconds), `WASMBOX_MAX_SANDBOXES`,
     /// `WASMBOX_SANDBOX_DISK_MB`, `WASMBOX_SANDBOX_FILES`, `WASMBOX_SANDBOX_JOBS`,
     /// `WASMBOX_MAX_SANDBOXES_PER_TOKEN`, `WASMBOX_SESSIONS_PER_TOKEN`, `WASMBOX_DATA`
-    /// (sandboxes' files; `none`: a temporary directory, gone with the process),
+    /// (sandboxes' files and saved sessions; `none`: a temporary directory, gone with the
+    /// process), `WASMBOX_SAVE_EVERY_CALL`, `WASMBOX_IDLE_PAUSE_S` (0: idle sessions stay live),
+    /// `WASMBOX_SNAPSHOT_DISK_MB` (per owner), `WASMBOX_LIVE_SESSIONS` (in memory at once),
     /// `WASMBOX_WEBHOOK_ALLOW_ANY`, `WASMBOX_WEBHOOK_ALLOW_PRIVATE` (with ALLOW_ANY only),
     /// `WASMBOX_WEBHOOK_SECRET`, and for the HOPX cloud (read by [`CloudConfig::from_env`])
     /// `HOPX_API_KEY`, `HOPX_BASE_URL`, `WASMBOX_OFFLINE`, `WASMBOX_MAX_CLOUD_SANDBOXES`,
@@ -194,6 +196,17 @@ impl Config {
                     Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
                     _ => Some(default_data_dir()),
                 },
+                save_every_call: env_num("WASMBOX_SAVE_EVERY_CALL").unwrap_or(0) != 0,
+                idle_pause: match env_num("WASMBOX_IDLE_PAUSE_S").unwrap_or(120) {
+                    0 => None,
+                    s => Some(Duration::from_secs(s as u64)),
+                },
+                snapshot_bytes: env_num("WASMBOX_SNAPSHOT_DISK_MB").unwrap_or(2048) as u64
+                    * MIB as u64,
+                max_live_sessions: live_sessions(
+                    env_num("WASMBOX_LIVE_SESSIONS").unwrap_or(64),
+                    env_num("WASMBOX_POOLED_INSTANCES").unwrap_or(256),
+                ),
             },
             sessions_per_token: env_num("WASMBOX_SESSIONS_PER_TOKEN").unwrap_or(16).max(1),
             webhook: WebhookConfig {
@@ -221,6 +234,17 @@ impl Config {
 }
 
 /// Ready instances idle at about 8-30 MiB each; the memory budget caps how many are kept.
+/// Live sessions at most: as asked, within the pooling allocator's slots (half of its core
+/// instances; pools, one-shots and jobs take the rest).
+fn live_sessions(wanted: usize, pooled_instances: usize) -> usize {
+    let wanted = wanted.max(1);
+    if pooled_instances == 0 {
+        wanted
+    } else {
+        wanted.min(pooled_instances)
+    }
+}
+
 fn pool_size(wanted: usize, budget_mb: usize) -> usize {
     const PER_INSTANCE_MB: usize = 32;
     wanted.min(budget_mb / PER_INSTANCE_MB)

@@ -5,6 +5,7 @@
 
 pub mod cloud;
 pub mod config;
+mod durable;
 pub mod engine;
 pub mod fit;
 pub mod lang;
@@ -21,6 +22,7 @@ use wasmtime::Engine;
 
 use cloud::CloudError;
 pub use config::Config;
+pub use durable::{PAUSE_WAIT, SavedSession};
 use engine::EngineError;
 use engine::cache::{ModuleCache, Origin};
 pub use engine::limits::{LimitHit, Limits};
@@ -29,10 +31,11 @@ use lang::LangError;
 use lang::go::{GoCacheStats, GoRuntime};
 use lang::javascript::JsRuntime;
 use lang::python::{PythonPaths, PythonRuntime};
+use lang::session::SessionRuntime;
 pub use lang::{ExecRequest, ExecResult, Language};
 use sandbox::fs::FsError;
 use sandbox::jobs::Job;
-use sandbox::{Sandbox, SandboxError, Sandboxes, Slot};
+use sandbox::{Sandbox, SandboxError, Sandboxes};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -48,6 +51,9 @@ pub enum Error {
 
     #[error(transparent)]
     File(#[from] FsError),
+
+    #[error(transparent)]
+    Snapshot(#[from] sandbox::snapshots::SnapshotError),
 
     #[error("{0}")]
     Webhook(String),
@@ -176,7 +182,7 @@ impl Wasmbox {
         let sandboxes = Sandboxes::new(config.sandbox.clone())
             .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
         let webhook_key = sandbox::webhook::secret(&config.webhook, &config.cache_dir);
-        Ok(Self {
+        let wb = Self {
             inner: Arc::new(Inner {
                 cloud: cloud::Cloud::new(config.cloud.clone())
                     .inspect_err(|e| tracing::warn!("the HOPX client is unavailable: {e}"))
@@ -208,7 +214,9 @@ impl Wasmbox {
                 started: Instant::now(),
                 executions: AtomicU64::new(0),
             }),
-        })
+        };
+        wb.start_idle_keeper();
+        Ok(wb)
     }
 
     pub fn config(&self) -> &Config {
@@ -353,6 +361,24 @@ impl Wasmbox {
             },
         )
         .await
+    }
+
+    /// The runtime that keeps `language`'s sessions, loaded on first use.
+    async fn session_runtime(
+        &self,
+        language: Language,
+        progress: Option<&ProgressSink>,
+    ) -> Result<Arc<dyn SessionRuntime>> {
+        Ok(match language {
+            Language::Python => self.load_python(progress).await?.0,
+            Language::JavaScript => self.load_javascript(progress).await?.0,
+            other => {
+                return Err(Error::invalid(format!(
+                    "{} keeps no session between calls",
+                    other.name()
+                )));
+            }
+        })
     }
 
     /// The Python runtime, loaded on first use (for benches and metrics).
@@ -803,46 +829,24 @@ impl Wasmbox {
         rich: bool,
     ) -> Result<ExecResult> {
         self.place_in(sb, &mut req, working_dir, sb.stop.clone())?;
-        let run: Run = match req.language {
-            Language::Python => {
-                let (py, _) = self.load_python(req.progress.as_ref()).await?;
-                let slot = sb.python.clone().lock_owned().await;
+        let run: Run = match sb.slot(req.language) {
+            Some(slot) => {
+                let rt = self
+                    .session_runtime(req.language, req.progress.as_ref())
+                    .await?;
+                let slot = slot.clone().lock_owned().await;
+                let path = sb.state_path(req.language);
+                let save_after = self.inner.config.sandbox.save_every_call;
+                let (me, id) = (self.clone(), sb.id.clone());
                 Box::new(move || {
                     let mut slot = slot;
-                    in_session(
-                        &mut slot,
-                        "Python",
-                        || Ok(py.session(&req)?),
-                        |s| {
-                            let mut r = s.turn(&req);
-                            if rich && s.alive() {
-                                // After the turn's images, which the turn closed: no figure
-                                // comes twice.
-                                let (outputs, notes) = s.rich(&req);
-                                r.rich.extend(outputs);
-                                r.notes.extend(notes);
-                            }
-                            r
-                        },
-                        |s| s.alive(),
-                    )
+                    if slot.session.is_none() {
+                        me.make_room(&id, req.language);
+                    }
+                    sandbox::sessions::call(&mut slot, &*rt, &req, rich, &path, save_after)
                 })
             }
-            Language::JavaScript => {
-                let (js, _) = self.load_javascript(req.progress.as_ref()).await?;
-                let slot = sb.javascript.clone().lock_owned().await;
-                Box::new(move || {
-                    let mut slot = slot;
-                    in_session(
-                        &mut slot,
-                        "JavaScript",
-                        || Ok(js.session(&req)?),
-                        |s| s.run(&req),
-                        |s| s.alive(),
-                    )
-                })
-            }
-            _ => self.runner(req).await?,
+            None => self.runner(req).await?,
         };
         self.on_guest_thread(with_quota_note(sb, run)).await
     }
@@ -989,57 +993,6 @@ fn bash_unavailable() -> Error {
             .into(),
     )
     .into()
-}
-
-/// Runs one call in a sandbox's session for a language: starts the session if there is none
-/// or the last one ended (and says so), and reports when this call ended it.
-fn in_session<S>(
-    slot: &mut Slot<S>,
-    name: &str,
-    start: impl FnOnce() -> Result<S>,
-    run: impl FnOnce(&mut S) -> ExecResult,
-    alive: impl Fn(&S) -> bool,
-) -> Result<ExecResult> {
-    let mut notes = Vec::new();
-    if slot.session.as_ref().is_none_or(|s| !alive(s)) {
-        if let Some(why) = slot.ended.take() {
-            notes.push(format!(
-                "the previous {name} session ended ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
-            ));
-        }
-        slot.session = Some(start()?);
-    }
-    let session = slot.session.as_mut().expect("just started");
-    // A panic inside a host function leaves the session's store in an unknown state: drop the
-    // session (its files stay) and fail this call only.
-    let mut r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(session))) {
-        Ok(r) => r,
-        Err(_) => {
-            slot.session = None;
-            slot.ended = Some("wasmbox failed inside it (a host panic)".into());
-            return Err(Error::wasm(format!(
-                "the execution failed inside wasmbox (a host panic); the {name} session was discarded, files in /workspace remain"
-            )));
-        }
-    };
-    if !alive(session) {
-        let why = match r.limit {
-            Some(l) => format!("it hit the {} limit", l.as_str()),
-            None if r.exit_code == lang::guest::EXIT_KILLED => "it was stopped".to_string(),
-            None if r.exit_code == lang::guest::EXIT_CANCELLED => {
-                "its call was cancelled by the client".to_string()
-            }
-            None => format!("it exited with status {}", r.exit_code),
-        };
-        notes.push(format!(
-            "the {name} session ended ({why}); the next call starts a fresh one"
-        ));
-        slot.ended = Some(why);
-        slot.session = None;
-    }
-    notes.append(&mut r.notes);
-    r.notes = notes;
-    Ok(r)
 }
 
 /// Resolves once `cancel` is raised; never without one. (A `Stop` is a plain atomic, so it is

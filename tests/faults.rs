@@ -70,8 +70,9 @@ async fn sandbox_with_state(c: &Client) -> String {
     id
 }
 
-/// What a restarted server must show of that sandbox: files and env back, interpreter fresh.
-async fn check_recovered(c: &Client, id: &str) {
+/// What a restarted server must show of that sandbox: files and env back, and the interpreter's
+/// variables when its session was saved (`kept`: idle when the server stopped), or a fresh one.
+async fn check_recovered(c: &Client, id: &str, kept: bool) {
     let info = ok(c, "get_sandbox", json!({"id": id})).await;
     assert_eq!(info["template_id"], "code-interpreter", "{info}");
     let v = ok(
@@ -87,7 +88,8 @@ async fn check_recovered(c: &Client, id: &str) {
         "import os\nprint(open('data.csv').read().splitlines()[1], os.environ.get('STAGE'))\nprint('kept' in globals())",
     )
     .await;
-    assert_eq!(v["stdout"], "1,2 two\nFalse\n", "{v}");
+    let kept = if kept { "True" } else { "False" };
+    assert_eq!(v["stdout"], format!("1,2 two\n{kept}\n"), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -103,7 +105,7 @@ async fn a_restarted_server_finds_unexpired_sandboxes_and_reaps_expired_ones() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
     let (c, _) = stdio(data.path(), &[]).await;
-    check_recovered(&c, &id).await;
+    check_recovered(&c, &id, true).await;
     let listed = ok(&c, "list_sandboxes", json!({})).await;
     let ids: Vec<&str> = listed["data"]
         .as_array()
@@ -152,7 +154,7 @@ async fn sigterm_during_work_loses_no_files() {
     );
 
     let (c, _) = stdio(data.path(), &[]).await;
-    check_recovered(&c, &id).await;
+    check_recovered(&c, &id, false).await;
     let v = ok(
         &c,
         "file_exists",
@@ -281,7 +283,7 @@ async fn a_guest_trap_and_a_host_panic_lose_no_files_and_the_server_serves_on() 
     assert_ne!(v["exit_code"], 0, "{v}");
 
     // Files, env and the sandbox survive; new sessions start; one-shots are served.
-    check_recovered(&c, &id).await;
+    check_recovered(&c, &id, false).await;
     let v = ok(&c, "execute_code", json!({"code": "print('next')"})).await;
     assert_eq!(v["stdout"], "next\n");
 }
@@ -306,7 +308,7 @@ async fn two_servers_on_one_data_dir_never_take_each_others_live_sandboxes() {
     // When the first server is gone, the second adopts the sandbox on its next use.
     first.cancel().await.unwrap();
     wait_gone(first_pid).await;
-    check_recovered(&second, &id).await;
+    check_recovered(&second, &id, true).await;
 }
 
 /// Without a data directory, everything a server writes on the host (one-shots' and ready

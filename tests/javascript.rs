@@ -7,6 +7,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
+use wasmbox::lang::javascript::JsRuntime;
+use wasmbox::lang::session::SessionRuntime;
 use serde_json::{Value, json};
 
 async fn js(c: &Client, code: &str) -> Value {
@@ -180,18 +182,18 @@ fn session_keeps_state_across_calls() {
     // Guests run on threads with a stack deeper than the wasm stack limit.
     on_guest_stack(move || {
         let t = Duration::from_secs(10);
-        let mut s = js.session(&req).unwrap();
-        assert_eq!(s.eval("let x = 1; const f = (a) => a * 2;", t).stdout, "");
-        assert_eq!(s.eval("x + 1", t).stdout, "2\n");
-        assert_eq!(s.eval("x = f(x + 20); x", t).stdout, "42\n");
-        let r = s.eval("throw new Error('oops')", t);
+        let mut s = js.start(&req).unwrap();
+        assert_eq!(JsRuntime::eval(&mut s, "let x = 1; const f = (a) => a * 2;", t).stdout, "");
+        assert_eq!(JsRuntime::eval(&mut s, "x + 1", t).stdout, "2\n");
+        assert_eq!(JsRuntime::eval(&mut s, "x = f(x + 20); x", t).stdout, "42\n");
+        let r = JsRuntime::eval(&mut s, "throw new Error('oops')", t);
         assert_eq!(r.exit_code, 1);
         assert!(s.alive(), "an exception does not end the session");
-        assert_eq!(s.eval("'still ' + x", t).stdout, "'still 42'\n");
-        let r = s.eval("while (true) {}", Duration::from_millis(300));
+        assert_eq!(JsRuntime::eval(&mut s, "'still ' + x", t).stdout, "'still 42'\n");
+        let r = JsRuntime::eval(&mut s, "while (true) {}", Duration::from_millis(300));
         assert_eq!(r.limit, Some(wasmbox::LimitHit::Timeout));
         assert!(!s.alive(), "a trapped session must be replaced");
-        assert_ne!(s.eval("x", t).exit_code, 0);
+        assert_ne!(JsRuntime::eval(&mut s, "x", t).exit_code, 0);
     });
 }
 

@@ -29,6 +29,10 @@ async fn lists_the_hopx_compatible_tools() {
         "pause_sandbox",
         "file_upload",
         "file_download",
+        "fork_sandbox",
+        "snapshot_sandbox",
+        "list_snapshots",
+        "delete_snapshot",
     ]) {
         assert!(names.contains(want), "{want} missing from {names:?}");
     }

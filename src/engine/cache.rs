@@ -81,6 +81,13 @@ impl ModuleCache {
         hex::encode(d.finalize())
     }
 
+    /// Where the compiled copy of the module identified by `source_key` is (see
+    /// [`ModuleCache::load_with`]).
+    pub fn compiled_path(&self, engine: &Engine, source_key: &str) -> PathBuf {
+        self.dir
+            .join(format!("{}.cwasm", Self::key(engine, source_key)))
+    }
+
     /// SHA-256 of a file, reusing a stamp kept in the cache when size and mtime are unchanged.
     pub fn file_sha256(&self, path: &Path) -> Result<String> {
         let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
@@ -161,7 +168,7 @@ impl ModuleCache {
         wasm: impl FnOnce() -> Result<Vec<u8>, E>,
     ) -> Result<(Module, Origin), E> {
         let key = Self::key(engine, source_key);
-        let cwasm = self.dir.join(format!("{key}.cwasm"));
+        let cwasm = self.compiled_path(engine, source_key);
         if let Some(module) = self.try_load(engine, &cwasm, label) {
             return Ok((module, Origin::Cached));
         }

@@ -106,6 +106,17 @@ impl Guest {
         env: &BTreeMap<String, String>,
         place: Option<&Place>,
     ) -> Result<Self> {
+        Self::unarmed_at(engine, spec, env, place, Duration::ZERO)
+    }
+
+    /// As [`Guest::unarmed_in`], with the guest's monotonic clock reading `clock` now.
+    pub fn unarmed_at(
+        engine: &Engine,
+        spec: &GuestSpec<'_>,
+        env: &BTreeMap<String, String>,
+        place: Option<&Place>,
+        clock: Duration,
+    ) -> Result<Self> {
         let start = Instant::now();
         let scratch = match place {
             Some(_) => None,
@@ -134,7 +145,7 @@ impl Guest {
         for (k, v) in env {
             wasi.env(k, v);
         }
-        let (clock, watch) = super::wasi::clock(UNARMED_DEADLINE);
+        let (clock, watch) = super::wasi::clock(UNARMED_DEADLINE, clock);
         wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
             .monotonic_clock(clock)
@@ -300,6 +311,16 @@ impl Guest {
         self.start = Instant::now();
         self.running = None;
         r
+    }
+
+    /// The guest's monotonic clock now, in nanoseconds (saved with a session's state).
+    pub fn clock_ns(&self) -> u64 {
+        self.store.data().watch.clock_ns()
+    }
+
+    /// Regular files the guest holds open (a restored session has none of them).
+    pub fn open_files(&self) -> usize {
+        self.store.data().files.len()
     }
 
     /// Restarts the clock that `execution_time` is measured from, for a call about to run.

@@ -16,11 +16,13 @@ use wasmtime::{Engine, Instance, InstancePre, Module, Store};
 use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
 };
+use super::session::{Session, SessionRuntime, StateKeyCell};
 use super::{ExecRequest, ExecResult, Language, Place};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Pool, PoolStats};
 use crate::engine::prefault::PageSet;
+use crate::engine::state::StateKey;
 use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, snapshot};
 
@@ -58,6 +60,7 @@ struct Shared {
     /// request, and those it reads, mapped (none when not measured): left to page faults they
     /// were half of a pooled one-shot's time.
     pages: PageSet,
+    state_key: Arc<StateKeyCell>,
 }
 
 impl Shared {
@@ -118,16 +121,26 @@ impl JsRuntime {
                 path,
             });
         }
-        let ((module, origin), image) = match load_image(engine, cache, &path) {
-            Ok(loaded) => (loaded, true),
+        let ((module, origin), compiled_image) = match load_image(engine, cache, &path) {
+            Ok((loaded, key)) => (loaded, Some(cache.compiled_path(engine, &key))),
             Err(e) => {
                 tracing::warn!(
                     "javascript: the pre-initialised image could not be built ({e}); falling \
                      back to the plain module (each context costs ~4 ms to create)"
                 );
-                (cache.load(engine, &path, "javascript")?, false)
+                (cache.load(engine, &path, "javascript")?, None)
             }
         };
+        let image = compiled_image.is_some();
+        let state_key = Arc::new(match compiled_image {
+            Some(path) => StateKeyCell::new(Language::JavaScript, path),
+            None => StateKeyCell::unavailable(
+                Language::JavaScript,
+                "the pre-initialised JavaScript image could not be built, and state is saved \
+                 only from it"
+                    .into(),
+            ),
+        });
         let pre = wasi_linker(engine)?
             .instantiate_pre(&module)
             .map_err(engine_err)?;
@@ -136,6 +149,7 @@ impl JsRuntime {
             pre,
             image,
             pages: PageSet::default(),
+            state_key,
         };
         match on_guest_stack("javascript calibration", || shared.measure_pages()) {
             Ok(pages) => {
@@ -199,74 +213,79 @@ impl JsRuntime {
         Ok(result)
     }
 
-    /// Starts a session: one context whose globals persist across [`JsSession::eval`] calls.
-    /// `req` gives the session's env and limits (its code is not run).
-    pub fn session(&self, req: &ExecRequest) -> Result<JsSession> {
-        let Ready {
-            mut guest,
-            instance,
-        } = self.shared.instantiate_in(req.place.as_ref())?;
-        guest.arm(req);
-        Ok(JsSession {
-            guest,
-            instance,
-            alive: true,
-        })
-    }
-}
-
-/// A live JavaScript context. After a trap, a deadline or `process.exit` it is no longer
-/// [`alive`](JsSession::alive) and must be replaced.
-pub struct JsSession {
-    guest: Guest,
-    instance: Instance,
-    alive: bool,
-}
-
-impl JsSession {
-    /// Evaluates one snippet; the value of a final expression is echoed, as in a REPL.
-    pub fn eval(&mut self, code: &str, timeout: Duration) -> ExecResult {
-        if !self.alive {
-            return self.guest.result(
-                Err(wasmtime::format_err!(
-                    "this JavaScript session has ended; start a new one"
-                )),
-                Language::JavaScript,
-            );
+    /// Evaluates one snippet in a session; the value of a final expression is echoed, as in a
+    /// REPL.
+    pub fn eval(s: &mut Session, code: &str, timeout: Duration) -> ExecResult {
+        if !s.alive {
+            return s.ended(Language::JavaScript);
         }
-        self.guest.restart_clock();
-        self.guest.set_deadline(timeout);
+        s.guest.restart_clock();
+        s.guest.set_deadline(timeout);
         let flags = if looks_like_module(code) {
             FLAG_MODULE
         } else {
             FLAG_ECHO
         };
-        let outcome = eval(&mut self.guest.store, &self.instance, code, flags);
+        let outcome = eval(&mut s.guest.store, &s.instance, code, flags);
         // Any trap or exit leaves the guest's state undefined: never run it again.
-        self.alive = outcome.is_ok();
-        self.guest.result(outcome, Language::JavaScript)
+        s.alive = outcome.is_ok();
+        s.guest.result(outcome, Language::JavaScript)
+    }
+}
+
+impl SessionRuntime for JsRuntime {
+    fn language(&self) -> Language {
+        Language::JavaScript
+    }
+
+    /// One context whose globals persist across calls. `req` gives the session's env and
+    /// limits (its code is not run).
+    fn start(&self, req: &ExecRequest) -> Result<Session> {
+        self.shared.state_key.prepare();
+        let Ready {
+            mut guest,
+            instance,
+        } = self.shared.instantiate_in(req.place.as_ref())?;
+        guest.arm(req);
+        Ok(Session::new(guest, instance))
+    }
+
+    fn instantiate(&self, req: &ExecRequest, clock: Duration) -> Result<(Guest, Instance)> {
+        let mut guest = Guest::unarmed_at(
+            &self.shared.engine,
+            &spec(),
+            &BTreeMap::new(),
+            req.place.as_ref(),
+            clock,
+        )?;
+        let instance = self
+            .shared
+            .pre
+            .instantiate(&mut guest.store)
+            .map_err(engine_err)?;
+        Ok((guest, instance))
     }
 
     /// Runs `req.code` (echoing a final expression when `req.echo`) with `req`'s limits, env and
     /// working directory, which are applied first: a sandbox's env may have changed since.
-    pub fn run(&mut self, req: &ExecRequest) -> ExecResult {
-        self.guest.arm(req);
-        if !self.alive {
-            return self.guest.result(
-                Err(wasmtime::format_err!(
-                    "this JavaScript session has ended; start a new one"
-                )),
-                Language::JavaScript,
-            );
+    fn call(&self, s: &mut Session, req: &ExecRequest, _rich: bool) -> ExecResult {
+        s.guest.arm(req);
+        if !s.alive {
+            return s.ended(Language::JavaScript);
         }
         // The sandbox's env may have changed since the last call, or lost a variable.
-        let outcome = run(&mut self.guest.store, &self.instance, req, true);
-        self.alive = outcome.is_ok();
-        self.guest.result(outcome, Language::JavaScript)
+        let outcome = run(&mut s.guest.store, &s.instance, req, true);
+        s.alive = outcome.is_ok();
+        s.guest.result(outcome, Language::JavaScript)
     }
 
-    pub fn alive(&self) -> bool {
-        self.alive
+    fn state_key(&self) -> std::result::Result<Arc<StateKey>, String> {
+        self.shared.state_key.get()
+    }
+
+    fn reseed(&self, s: &mut Session) -> Result<()> {
+        let _ = s;
+        Ok(())
     }
 }
 
@@ -352,9 +371,13 @@ pub fn image_key(module_sha: &str) -> String {
 }
 
 /// Loads the image from the module cache, building it the first time (well under a second).
-fn load_image(engine: &Engine, cache: &ModuleCache, path: &Path) -> Result<(Module, Origin)> {
+fn load_image(
+    engine: &Engine,
+    cache: &ModuleCache,
+    path: &Path,
+) -> Result<((Module, Origin), String)> {
     let key = image_key(&cache.file_sha256(path)?);
-    cache.load_with(engine, &key, "javascript image", || {
+    let loaded = cache.load_with(engine, &key, "javascript image", || {
         crate::engine::progress::stage("building the pre-initialised javascript image (once)");
         let wasm = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         let warm_engine = engine::warmup_engine()?;
@@ -373,10 +396,11 @@ fn load_image(engine: &Engine, cache: &ModuleCache, path: &Path) -> Result<(Modu
                         guest.take_stderr()
                     ))
                 })?;
-                Ok(guest.into_parts(instance))
+                Ok::<_, Error>(guest.into_parts(instance))
             })
         })
-    })
+    })?;
+    Ok((loaded, key))
 }
 
 fn eval(

@@ -6,6 +6,7 @@ pub mod guest;
 pub mod images;
 pub mod javascript;
 pub mod python;
+pub mod session;
 pub mod wasi;
 
 use std::collections::BTreeMap;
@@ -20,7 +21,9 @@ use LangError as Error;
 pub use error::{LangError, Result};
 
 /// A language a caller can ask for. Parsing accepts the usual aliases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
     Python,
@@ -37,6 +40,16 @@ impl Language {
             "go" | "golang" => Ok(Language::Go),
             "bash" | "sh" | "shell" => Ok(Language::Bash),
             _ => Err(Error::UnknownLanguage(s.to_string())),
+        }
+    }
+
+    /// The language's name in prose ("Python").
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Python => "Python",
+            Language::JavaScript => "JavaScript",
+            Language::Go => "Go",
+            Language::Bash => "Bash",
         }
     }
 

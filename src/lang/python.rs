@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::{Caller, Engine, Instance, InstancePre, Linker, Module, Store};
@@ -18,8 +19,10 @@ use wasmtime::{Caller, Engine, Instance, InstancePre, Linker, Module, Store};
 use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
 };
+use super::session::{Session, SessionRuntime, StateKeyCell};
 use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
+use crate::engine::state::StateKey;
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Polish, Pool, PoolStats};
 use crate::engine::prefault::PageSet;
@@ -289,6 +292,7 @@ struct Shared {
     /// How instances of the image are readied without running any wasm: measured once, before
     /// the pool starts. None (no image, or calibration failed): by a warm-up turn.
     fast: Option<FastReady>,
+    state_key: Arc<StateKeyCell>,
 }
 
 /// A loaded Python runtime: the module pre-linked once, and its pool of ready instances.
@@ -310,17 +314,27 @@ impl PythonRuntime {
         let mut loaded = None;
         if !opts.preimport.is_empty() {
             match load_image(engine, cache, &paths, &opts.preimport) {
-                Ok(m) => loaded = Some((m, true)),
+                Ok((m, key)) => loaded = Some((m, Some(cache.compiled_path(engine, &key)))),
                 Err(e) => tracing::warn!(
                     "python: the pre-initialised image could not be built ({e}); falling back to \
                      the shipped snapshot, where imports like pandas cost about a second per run"
                 ),
             }
         }
-        let ((module, origin), image) = match loaded {
+        let ((module, origin), compiled_image) = match loaded {
             Some(l) => l,
-            None => (cache.load(engine, &paths.module, "python")?, false),
+            None => (cache.load(engine, &paths.module, "python")?, None),
         };
+        let image = compiled_image.is_some();
+        let state_key = Arc::new(match compiled_image {
+            Some(path) => StateKeyCell::new(Language::Python, path),
+            None => StateKeyCell::unavailable(
+                Language::Python,
+                "the pre-initialised Python image could not be built, and state is saved only \
+                 from it"
+                    .into(),
+            ),
+        });
         let pre = linker(engine)?
             .instantiate_pre(&module)
             .map_err(engine_err)?;
@@ -330,6 +344,7 @@ impl PythonRuntime {
             paths,
             image,
             fast: None,
+            state_key,
         };
         // Instances readied without a turn get one (no user code) once the pool is full: the
         // first request on them then finds the interpreter's own pages and tables mapped.
@@ -403,26 +418,98 @@ impl PythonRuntime {
 }
 
 impl PythonRuntime {
-    /// Starts a session in `req`'s place (a sandbox's directories): an instance of its own,
-    /// made from the image like a pooled one, whose globals persist across
-    /// [`PySession::turn`]s. Blocking: call it on a guest thread.
-    pub fn session(&self, req: &ExecRequest) -> Result<PySession> {
-        let Ready { guest, instance } = self.shared.make_ready_in(req.place.as_ref())?;
-        Ok(PySession {
-            guest,
-            instance,
-            alive: true,
-        })
+    /// A Python session's turn: `req.code` in the session's globals, with `req`'s limits, env
+    /// and working directory; with `req.echo` the value of a final expression is printed.
+    /// With `rich`, a final DataFrame (as HTML) is collected after it.
+    fn session_call(s: &mut Session, req: &ExecRequest, rich: bool) -> ExecResult {
+        s.guest.arm(req);
+        if !s.alive {
+            return s.ended(Language::Python);
+        }
+        let outcome = turn(&mut s.guest.store, &s.instance, &user_turn(req));
+        // A trap leaves the interpreter undefined; `exit()` (256 | status) ends it by request.
+        s.alive = matches!(outcome, Ok(st) if st & 256 == 0);
+        let images = s.guest.take_images();
+        let r = s.guest.result(outcome.map(|st| st & 255), Language::Python);
+        let mut r = with_images(r, images);
+        if rich && s.alive {
+            // After the turn's images, which the turn closed: no figure comes twice.
+            let (outputs, notes) = Self::rich(s, req);
+            r.rich.extend(outputs);
+            r.notes.extend(notes);
+        }
+        r
+    }
+
+    /// Collects a final DataFrame (as HTML) of the last turn, the turn having returned its
+    /// figures itself. Returns it and notes on what was dropped.
+    fn rich(s: &mut Session, req: &ExecRequest) -> (Vec<super::RichOutput>, Vec<String>) {
+        let mut collect = req.clone();
+        // JSON escapes a character in at most 12 bytes (a surrogate pair); room for the notes.
+        collect.output_bytes = RICH_MAX_HTML_BYTES * 12 + (64 << 10);
+        collect.images = None;
+        s.guest.arm(&collect);
+        let code = call(("rich", RICH_MAX_HTML_BYTES));
+        let outcome = turn(&mut s.guest.store, &s.instance, &code);
+        s.alive = matches!(outcome, Ok(0));
+        let r = s.guest.result(outcome, Language::Python);
+        let parsed = (r.exit_code == 0)
+            .then(|| rich_reply::parse(&r.stdout))
+            .and_then(|p| p.ok());
+        match parsed {
+            Some(reply) => (reply.outputs, reply.notes),
+            None => (
+                Vec::new(),
+                vec![format!(
+                    "rich outputs could not be collected (exit {}): {}",
+                    r.exit_code,
+                    rich_reply::cut(r.stderr.trim(), RICH_MAX_NOTE_BYTES)
+                )],
+            ),
+        }
     }
 }
 
-/// A live Python interpreter of a sandbox. After a trap, a limit, `exit()` or `os._exit` it is
-/// no longer [`alive`](PySession::alive): its state is undefined and it must be replaced.
-pub struct PySession {
-    guest: Guest,
-    instance: Instance,
-    alive: bool,
+impl SessionRuntime for PythonRuntime {
+    fn language(&self) -> Language {
+        Language::Python
+    }
+
+    /// An instance of its own in `req`'s place, made from the image like a pooled one.
+    fn start(&self, req: &ExecRequest) -> Result<Session> {
+        self.shared.state_key.prepare();
+        let Ready { guest, instance } = self.shared.make_ready_in(req.place.as_ref())?;
+        Ok(Session::new(guest, instance))
+    }
+
+    fn instantiate(&self, req: &ExecRequest, clock: Duration) -> Result<(Guest, Instance)> {
+        self.shared.instantiate_at(req.place.as_ref(), clock)
+    }
+
+    fn call(&self, s: &mut Session, req: &ExecRequest, rich: bool) -> ExecResult {
+        Self::session_call(s, req, rich)
+    }
+
+    fn state_key(&self) -> std::result::Result<Arc<StateKey>, String> {
+        self.shared.state_key.get()
+    }
+
+    fn reseed(&self, s: &mut Session) -> Result<()> {
+        run_turn(&mut s.guest.store, &s.instance, &call(("script", RESEED)))
+            .map_err(|e| Error::wasm(format!("python: reseeding a copied session: {e:#}")))
+    }
 }
+
+/// Draws new seeds (from the host's entropy) for the generators an interpreter's modules hold.
+const RESEED: &str = r#"
+import sys
+r = sys.modules.get('random')
+if r is not None:
+    r.seed()
+n = sys.modules.get('numpy.random')
+if n is not None:
+    n.seed()
+"#;
 
 /// The images a turn handed over (first in `rich`) and the notes on those left out.
 fn with_images(
@@ -440,65 +527,6 @@ const RICH_MAX_HTML_BYTES: usize = 1 << 20;
 /// Bounds of the notes a rich turn may add (the guest's hook writes them).
 const RICH_MAX_NOTES: usize = 16;
 const RICH_MAX_NOTE_BYTES: usize = 1 << 10;
-
-impl PySession {
-    /// Runs one cell: `req.code` in the session's globals, with `req`'s limits, env and working
-    /// directory; with `req.echo` the value of a final expression is printed.
-    pub fn turn(&mut self, req: &ExecRequest) -> ExecResult {
-        self.guest.arm(req);
-        if !self.alive {
-            return self.guest.result(
-                Err(wasmtime::format_err!(
-                    "this Python session has ended; start a new one"
-                )),
-                Language::Python,
-            );
-        }
-        let outcome = turn(&mut self.guest.store, &self.instance, &user_turn(req));
-        // A trap leaves the interpreter undefined; `exit()` (256 | status) ends it by request.
-        self.alive = matches!(outcome, Ok(s) if s & 256 == 0);
-        let images = self.guest.take_images();
-        let r = self
-            .guest
-            .result(outcome.map(|s| s & 255), Language::Python);
-        with_images(r, images)
-    }
-
-    /// Collects a final DataFrame (as HTML) of the last turn, the turn having returned its
-    /// figures itself. Returns it and notes on what was dropped.
-    pub fn rich(&mut self, req: &ExecRequest) -> (Vec<super::RichOutput>, Vec<String>) {
-        if !self.alive {
-            return (Vec::new(), Vec::new());
-        }
-        let mut collect = req.clone();
-        // JSON escapes a character in at most 12 bytes (a surrogate pair); room for the notes.
-        collect.output_bytes = RICH_MAX_HTML_BYTES * 12 + (64 << 10);
-        collect.images = None;
-        self.guest.arm(&collect);
-        let code = call(("rich", RICH_MAX_HTML_BYTES));
-        let outcome = turn(&mut self.guest.store, &self.instance, &code);
-        self.alive = matches!(outcome, Ok(0));
-        let r = self.guest.result(outcome, Language::Python);
-        let parsed = (r.exit_code == 0)
-            .then(|| rich_reply::parse(&r.stdout))
-            .and_then(|p| p.ok());
-        match parsed {
-            Some(reply) => (reply.outputs, reply.notes),
-            None => (
-                Vec::new(),
-                vec![format!(
-                    "rich outputs could not be collected (exit {}): {}",
-                    r.exit_code,
-                    rich_reply::cut(r.stderr.trim(), RICH_MAX_NOTE_BYTES)
-                )],
-            ),
-        }
-    }
-
-    pub fn alive(&self) -> bool {
-        self.alive
-    }
-}
 
 /// The reply of a rich turn, bounded by the host while it is parsed. The guest's code can
 /// replace `_wasmbox.rich` and print anything up to the turn's stdout cap (which bounds the
@@ -967,8 +995,17 @@ impl Shared {
     /// A new instance of the module with the production preopens (fresh ones, or `place`'s),
     /// not yet armed with a request's limits.
     fn instantiate_in(&self, place: Option<&super::Place>) -> Result<(Guest, Instance)> {
+        self.instantiate_at(place, Duration::ZERO)
+    }
+
+    /// As [`Shared::instantiate_in`], the guest's clock reading `clock`.
+    fn instantiate_at(
+        &self,
+        place: Option<&super::Place>,
+        clock: Duration,
+    ) -> Result<(Guest, Instance)> {
         let mut guest =
-            Guest::unarmed_in(&self.engine, &self.paths.spec(), &BTreeMap::new(), place)?;
+            Guest::unarmed_at(&self.engine, &self.paths.spec(), &BTreeMap::new(), place, clock)?;
         let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
         Ok((guest, instance))
     }
@@ -1222,7 +1259,7 @@ fn load_image(
     cache: &ModuleCache,
     paths: &PythonPaths,
     preimport: &[String],
-) -> Result<(Module, Origin)> {
+) -> Result<((Module, Origin), String)> {
     if preimport.iter().any(|m| {
         m.is_empty()
             || !m
@@ -1238,7 +1275,7 @@ fn load_image(
         &cache.file_sha256(&paths.stdlib_dir.join("python315.zip"))?,
         preimport,
     );
-    cache.load_with(engine, &key, "python image", || {
+    let loaded = cache.load_with(engine, &key, "python image", || {
         tracing::info!(
             "python: building the pre-initialised image (imports {}); this happens once",
             preimport.join(", ")
@@ -1247,7 +1284,8 @@ fn load_image(
             "building the pre-initialised python image (once; it takes minutes)",
         );
         build_image(paths, preimport)
-    })
+    })?;
+    Ok((loaded, key))
 }
 
 /// Instantiates the shipped snapshot under wizer, runs the prologue and the imports with the

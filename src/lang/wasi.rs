@@ -117,6 +117,11 @@ impl Watch {
         self.timeout
     }
 
+    /// The guest's monotonic clock now, in nanoseconds.
+    pub fn clock_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos().try_into().unwrap_or(u64::MAX)
+    }
+
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -194,9 +199,12 @@ impl HostMonotonicClock for GuestClock {
     }
 }
 
-/// A monotonic clock for a new guest and the [`Watch`] that converts its absolute times.
-pub fn clock(timeout: Duration) -> (impl HostMonotonicClock + 'static, Watch) {
-    let origin = Instant::now();
+/// A monotonic clock for a new guest that reads `start` now (a restored session's clock goes on
+/// from where it was saved), and the [`Watch`] that converts its absolute times.
+pub fn clock(timeout: Duration, start: Duration) -> (impl HostMonotonicClock + 'static, Watch) {
+    let now = Instant::now();
+    // An origin before this boot cannot be an Instant: such a clock restarts from zero.
+    let origin = now.checked_sub(start).unwrap_or(now);
     (GuestClock(origin), Watch::new(timeout, origin))
 }
 
@@ -635,6 +643,16 @@ pub struct OpenFiles {
     fds: HashMap<u32, (FileId, Arc<DiskBudget>)>,
     /// `fd_renumber` put something on stdin, stdout or stderr: writes there may reach a file.
     stdio_moved: bool,
+}
+
+impl OpenFiles {
+    pub fn len(&self) -> usize {
+        self.fds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fds.is_empty()
+    }
 }
 
 impl Drop for OpenFiles {

@@ -12,15 +12,24 @@ pub use super::streamable::{HttpOptions, http_tokens, serve_http};
 /// Serves MCP over stdin/stdout until the client closes the connection.
 pub async fn serve_stdio(wasmbox: Wasmbox) -> anyhow::Result<()> {
     warm_up(&wasmbox);
+    let keeper = wasmbox.clone();
     let service = WasmboxServer::new(wasmbox).serve(stdio()).await?;
     // The client closing stdin ends the server; so does SIGTERM/SIGINT. Either way sandboxes'
-    // files stay for the next start (with a data directory).
-    tokio::select! {
-        r = service.waiting() => { r?; }
-        _ = shutdown_signal() => tracing::info!("shutting down on a signal"),
-    }
+    // files and sessions stay for the next start (with a data directory).
+    let ended = tokio::select! {
+        r = service.waiting() => r.map(|_| ()),
+        _ = shutdown_signal() => {
+            tracing::info!("shutting down on a signal");
+            Ok(())
+        }
+    };
+    keeper.save_all(SAVE_AT_EXIT).await;
+    ended?;
     Ok(())
 }
+
+/// How long a stopping server spends saving sessions (idle ones are mostly saved already).
+pub const SAVE_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 type Reader = std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>;
 type Writer = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;

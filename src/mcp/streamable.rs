@@ -54,6 +54,7 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
         anyhow::bail!("every HTTP token must be at least 16 characters long");
     }
     warm_up(&wasmbox);
+    let keeper = wasmbox.clone();
     let tokens: Vec<TokenEntry> = opts
         .tokens
         .iter()
@@ -125,6 +126,7 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
             tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         } => {}
     }
+    keeper.save_all(super::serve::SAVE_AT_EXIT).await;
     Ok(())
 }
 

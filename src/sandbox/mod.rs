@@ -17,7 +17,10 @@
 //! only by `delete_sandbox`.
 
 pub mod fs;
+pub mod copy;
 pub mod jobs;
+pub mod sessions;
+pub mod snapshots;
 pub mod webhook;
 
 use std::collections::{BTreeMap, HashMap};
@@ -29,8 +32,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::limits::{Stop, StopReason};
-use crate::lang::javascript::JsSession;
-use crate::lang::python::PySession;
+use crate::lang::session::Session;
 use crate::lang::{Language, Place};
 use fs::{Quota, Workspace, rfc3339};
 use jobs::Job;
@@ -89,6 +91,17 @@ pub struct SandboxConfig {
     /// Where sandboxes live so that a restarted server finds them (`WASMBOX_DATA`); `None`: a
     /// private temporary directory removed with the registry.
     pub data_dir: Option<PathBuf>,
+    /// Save sessions after every call (`WASMBOX_SAVE_EVERY_CALL=1`), so even a killed server
+    /// leaves them as of their last call.
+    pub save_every_call: bool,
+    /// Sessions idle this long are saved to disk and their instances freed
+    /// (`WASMBOX_IDLE_PAUSE_S`, 0: never); the next call restores them.
+    pub idle_pause: Option<Duration>,
+    /// What one owner's snapshots may take on disk (`WASMBOX_SNAPSHOT_DISK_MB`).
+    pub snapshot_bytes: u64,
+    /// Sessions kept in memory at once, across sandboxes (`WASMBOX_LIVE_SESSIONS`); past it
+    /// the least recently used are saved to disk and freed.
+    pub max_live_sessions: usize,
 }
 
 /// The owner of sandboxes created over stdio (one local user).
@@ -156,19 +169,22 @@ pub fn check_env_size(env: &BTreeMap<String, String>) -> Result<(), SandboxError
 }
 
 /// A session slot: the live session, or why the last one ended (said once, on the next call).
-pub struct Slot<T> {
-    pub session: Option<T>,
+/// A session saved to disk (paused, swapped out, or left by a previous server) is in the
+/// sandbox's state file instead, until the next call restores it.
+#[derive(Default)]
+pub struct Slot {
+    pub session: Option<Session>,
     pub ended: Option<String>,
+    /// When its last call ended: idle sessions, and the least recently used ones when live
+    /// sessions reach their cap, are saved to disk and freed.
+    pub last_used: Option<std::time::Instant>,
 }
 
-impl<T> Default for Slot<T> {
-    fn default() -> Self {
-        Self {
-            session: None,
-            ended: None,
-        }
-    }
-}
+/// A sandbox's slot for one language, held for the length of a call.
+pub type SlotLock = Arc<tokio::sync::Mutex<Slot>>;
+
+/// The languages whose sessions a sandbox keeps, in the order of [`Sandbox::slot`]'s slots.
+pub const SESSION_LANGUAGES: [Language; 2] = [Language::Python, Language::JavaScript];
 
 struct Lifetime {
     timeout: Duration,
@@ -209,7 +225,7 @@ pub struct Quarantined {
 /// Writes `path` so that a crash or a concurrent writer leaves the old or the new content,
 /// never a mix: a temp file of a unique name beside it, synced, renamed over it, and the
 /// directory synced so the rename itself survives a power cut.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
@@ -288,8 +304,8 @@ pub struct Sandbox {
     pub fs: Arc<Workspace>,
     /// Raised when the sandbox goes: whatever still runs in it stops.
     pub stop: Arc<Stop>,
-    pub python: Arc<tokio::sync::Mutex<Slot<PySession>>>,
-    pub javascript: Arc<tokio::sync::Mutex<Slot<JsSession>>>,
+    /// By [`SESSION_LANGUAGES`].
+    sessions: [SlotLock; 2],
     jobs: Mutex<Vec<Arc<Job>>>,
     pub executions: AtomicU64,
     max_running_jobs: usize,
@@ -419,6 +435,11 @@ impl Sandbox {
         let mut env = self.env.lock().unwrap().clone();
         env.extend(call.iter().map(|(k, v)| (k.clone(), v.clone())));
         env
+    }
+
+    /// The lifetime set at creation or by the last timeout update.
+    pub fn timeout(&self) -> Duration {
+        self.lifetime.lock().unwrap().timeout
     }
 
     pub fn expires_at(&self) -> SystemTime {
@@ -561,6 +582,20 @@ impl Sandbox {
     }
 
     /// Stops the sandbox's running code and background jobs.
+    /// The session slot for `language`, if the sandbox keeps sessions of it.
+    pub fn slot(&self, language: Language) -> Option<&SlotLock> {
+        let i = SESSION_LANGUAGES.iter().position(|l| *l == language)?;
+        Some(&self.sessions[i])
+    }
+
+    /// Where `language`'s session is saved between a pause (or a restart) and the next call.
+    pub fn state_path(&self, language: Language) -> PathBuf {
+        self.fs
+            .host_root()
+            .join("state")
+            .join(format!("{}.state", language.as_str()))
+    }
+
     pub fn stop_all(&self, why: StopReason) {
         self.stop.stop(why);
         for j in self.jobs.lock().unwrap().iter() {
@@ -574,6 +609,7 @@ pub struct Sandboxes {
     map: Mutex<HashMap<String, Arc<Sandbox>>>,
     root: Root,
     pub config: SandboxConfig,
+    pub snapshots: snapshots::Snapshots,
 }
 
 enum Root {
@@ -608,10 +644,17 @@ impl Sandboxes {
                 Root::Data(dir)
             }
         };
+        // Beside `sandboxes/` in a data directory; inside the temporary root otherwise.
+        let snapshot_root = match &root {
+            Root::Data(d) => d.parent().unwrap_or(d).join("snapshots"),
+            Root::Temp(t) => t.path().join("snapshots"),
+        };
+        let snapshots = snapshots::Snapshots::new(snapshot_root, config.snapshot_bytes);
         let me = Arc::new(Self {
             map: Mutex::new(HashMap::new()),
             root,
             config,
+            snapshots,
         });
         me.recover();
         let weak = Arc::downgrade(&me);
@@ -628,7 +671,8 @@ impl Sandboxes {
         }
     }
 
-    fn persistent(&self) -> bool {
+    /// Whether sandboxes outlive the process (a data directory).
+    pub fn persistent(&self) -> bool {
         matches!(self.root, Root::Data(_))
     }
 
@@ -851,8 +895,7 @@ impl Sandboxes {
             env: Mutex::new(env),
             fs: Arc::new(fs),
             stop: Arc::new(Stop::default()),
-            python: Default::default(),
-            javascript: Default::default(),
+            sessions: Default::default(),
             jobs: Mutex::new(Vec::new()),
             executions: AtomicU64::new(0),
             max_running_jobs: self.config.max_running_jobs,
@@ -958,6 +1001,11 @@ impl Sandboxes {
 
     pub fn len(&self) -> usize {
         self.map.lock().unwrap().len()
+    }
+
+    /// Every owner's live sandboxes (for the server's own upkeep).
+    pub fn all(&self) -> Vec<Arc<Sandbox>> {
+        self.map.lock().unwrap().values().cloned().collect()
     }
 
     /// How many live sandboxes `owner` has (what that owner may be told; [`Sandboxes::len`]
@@ -1089,6 +1137,10 @@ mod tests {
             max_kept_jobs: 1,
             max_per_owner: 2,
             data_dir: Some(data.to_path_buf()),
+            save_every_call: false,
+            idle_pause: None,
+            snapshot_bytes: 1 << 20,
+            max_live_sessions: 8,
         }
     }
 

@@ -272,6 +272,7 @@ pub fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> ToolError {
         Error::Sandbox(SandboxError::NotFound(_)) => ("Sandbox not found", "SandboxNotFoundError"),
         Error::Sandbox(_) => ("Invalid request", "SandboxError"),
         Error::File(_) => ("Path not allowed", "FileError"),
+        Error::Snapshot(_) => ("Invalid request", "SnapshotError"),
         Error::Webhook(_) => ("Invalid callback_url", "InvalidArgument"),
         Error::Cloud(c) if c.is_unavailable() => ("Language not available", "CloudUnavailable"),
         Error::Cloud(_) => ("Code execution failed", "CloudError"),

@@ -84,7 +84,7 @@ mod tests {
     #[test]
     fn parses_for_every_routed_tool() {
         let names = tool_names();
-        assert_eq!(names.len(), 39, "{names:?}");
+        assert_eq!(names.len(), 43, "{names:?}");
         for name in &names {
             match parse_tool_args(name, json!({"sandbox_id": 1})) {
                 Ok(()) => {}

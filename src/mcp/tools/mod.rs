@@ -37,6 +37,7 @@ mod prompt;
 mod reply;
 mod sandboxes;
 mod server;
+mod snapshots;
 
 const INSTRUCTIONS: &str = "wasmbox runs code locally in WebAssembly sandboxes, offline, with \
 the HOPX MCP tool surface. execute_code (mode 'isolated', the default) runs a one-shot in a fresh \
@@ -95,6 +96,7 @@ impl WasmboxServer {
         Self::exec_router()
             + Self::command_router()
             + Self::sandbox_router()
+            + Self::state_router()
             + Self::file_router()
             + Self::env_router()
             + Self::server_router()

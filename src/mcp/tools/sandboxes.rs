@@ -28,8 +28,8 @@ fn default_sandbox_limit() -> i64 {
 pub struct CreateSandboxArgs {
     /// Template name: code-interpreter (default; python, javascript, go), python, javascript
     /// or go.
-    #[serde(default = "default_template")]
-    pub template_id: String,
+    #[serde(default)]
+    pub template_id: Option<String>,
     /// Accepted for HOPX compatibility; local sandboxes have no region.
     #[serde(default)]
     #[allow(dead_code)]
@@ -43,7 +43,10 @@ pub struct CreateSandboxArgs {
     pub internet_access: Option<bool>,
     /// Environment variables every execution in the sandbox sees.
     #[serde(default, deserialize_with = "lenient_opt")]
-    pub env_vars: Option<BTreeMap<String, String>>,
+    pub env_vars: Option<BTreeMap<String, String>>,    /// Start from this snapshot (snapshot_sandbox): its files, env and session variables. The
+    /// sandbox gets the snapshot's template; leave template_id out or give the same one.
+    #[serde(default)]
+    pub from_snapshot: Option<String>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -97,6 +100,9 @@ pub struct SandboxReply {
     /// local or cloud.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
+    /// What happened to the sandbox's sessions (pause saves them to disk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notes: Option<Vec<String>>,
 }
 
 /// `list_sandboxes`.
@@ -131,8 +137,33 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<CreateSandboxArgs>,
     ) -> ToolResult<SandboxReply> {
+        if let Some(snapshot) = &a.from_snapshot {
+            let sb = self
+                .wasmbox
+                .create_from_snapshot(
+                    snapshot,
+                    a.template_id.as_deref(),
+                    a.timeout_seconds,
+                    a.env_vars.clone().unwrap_or_default(),
+                    &self.owner,
+                )
+                .await
+                .map_err(|e| {
+                    ToolError::new(json!({
+                        "error": "Failed to create sandbox",
+                        "exception": e.to_string(),
+                        "details": {"from_snapshot": snapshot, "error_type": match e {
+                            Error::Snapshot(_) => "SnapshotError",
+                            Error::Sandbox(SandboxError::TooMany(_) | SandboxError::TooManyForOwner(_)) => "SandboxLimitError",
+                            _ => "InvalidArgument",
+                        }},
+                    }))
+                })?;
+            return Ok(Reply::json(created(&sb)));
+        }
+        let template_id = a.template_id.clone().unwrap_or_else(default_template);
         let route = crate::cloud::RouteRequest {
-            template: Some(&a.template_id),
+            template: Some(&template_id),
             internet_access: a.internet_access == Some(true),
             ..Default::default()
         };
@@ -140,7 +171,7 @@ impl WasmboxServer {
             ToolError::new(json!({
                 "error": "Failed to create sandbox",
                 "exception": exception,
-                "details": {"template_id": a.template_id, "error_type": kind},
+                "details": {"template_id": template_id, "error_type": kind},
             }))
         };
         if crate::cloud::decide(&route) != crate::cloud::Location::Local {
@@ -149,7 +180,7 @@ impl WasmboxServer {
             let sb = self
                 .wasmbox
                 .create_cloud_sandbox(
-                    &a.template_id,
+                    &template_id,
                     timeout,
                     route.internet_access,
                     env,
@@ -158,7 +189,7 @@ impl WasmboxServer {
                 .await
                 .map_err(|e| {
                     let (exception, kind) =
-                        cloud_create_error(&a.template_id, &e, route.internet_access);
+                        cloud_create_error(&template_id, &e, route.internet_access);
                     failed(exception, kind)
                 })?;
             return Ok(Reply::json(json!({
@@ -177,7 +208,7 @@ impl WasmboxServer {
         let sb = self
             .wasmbox
             .sandboxes()
-            .create(&a.template_id, a.timeout_seconds, env, &self.owner)
+            .create(&template_id, a.timeout_seconds, env, &self.owner)
             .map_err(|e| {
                 let kind = match e {
                     SandboxError::TemplateNotFound(_) => "TemplateNotFoundError",
@@ -189,18 +220,7 @@ impl WasmboxServer {
                 };
                 failed(e.to_string(), kind)
             })?;
-        Ok(Reply::json(json!({
-            "id": sb.id,
-            "status": sb.status(),
-            "template_id": sb.template.id,
-            "template_name": sb.template.id,
-            "region": "local",
-            "created_at": rfc3339(sb.created_at),
-            "timeout_seconds": sb.info().timeout_seconds,
-            "expires_at": rfc3339(sb.expires_at()),
-            "languages": sb.template.languages,
-            "location": "local",
-        })))
+        Ok(Reply::json(created(&sb)))
     }
 
     #[tool(
@@ -315,12 +335,29 @@ impl WasmboxServer {
     #[tool(
         name = "pause_sandbox",
         title = "Pause a sandbox",
-        description = "Pause a sandbox: executions are refused until resume_sandbox.",
+        description = "Pause a sandbox: executions are refused until resume_sandbox. Its Python and JavaScript sessions are saved to disk and their memory freed; the first call after resume_sandbox restores them, variables included (also after a server restart).",
         annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false),
         output_schema = schema::<SandboxReply>()
     )]
     async fn pause_sandbox(&self, Parameters(a): Parameters<IdArgs>) -> ToolResult<SandboxReply> {
-        self.set_paused(&a.id, true)
+        let (sb, notes) = self
+            .wasmbox
+            .pause_sandbox(&a.id, &self.owner)
+            .await
+            .map_err(|e| match e {
+                Error::Sandbox(e) => not_found(&e, "id", &a.id),
+                e => ToolError::new(json!({
+                    "error": "Failed to pause sandbox",
+                    "message": e.to_string(),
+                    "id": a.id,
+                })),
+            })?;
+        let mut v = json!(sb.info());
+        let notes: Vec<String> = notes.into_iter().filter(|n| !n.is_empty()).collect();
+        if !notes.is_empty() {
+            v["notes"] = json!(notes);
+        }
+        Ok(Reply::json(v))
     }
 
     #[tool(
@@ -406,6 +443,22 @@ impl WasmboxServer {
     ) -> Result<Reply<Value>, ToolError> {
         Err(self.no_url("get_agent_url", &a.sandbox_id))
     }
+}
+
+/// `create_sandbox`'s reply for a local sandbox (also `fork_sandbox`'s).
+pub(super) fn created(sb: &crate::sandbox::Sandbox) -> Value {
+    json!({
+        "id": sb.id,
+        "status": sb.status(),
+        "template_id": sb.template.id,
+        "template_name": sb.template.id,
+        "region": "local",
+        "created_at": rfc3339(sb.created_at),
+        "timeout_seconds": sb.timeout().as_secs(),
+        "expires_at": rfc3339(sb.expires_at()),
+        "languages": sb.template.languages,
+        "location": "local",
+    })
 }
 
 impl WasmboxServer {

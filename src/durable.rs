@@ -1,0 +1,567 @@
+//! Sessions that outlive their instances: saved to the sandbox's data directory when it is
+//! paused, when the server stops, or after idling; restored by the next call (see
+//! `sandbox::sessions`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::lang::Language;
+use crate::lang::session::SessionRuntime;
+use crate::sandbox::copy::Copied;
+use crate::sandbox::snapshots::{self, SnapshotError, SnapshotMeta};
+use crate::sandbox::{SESSION_LANGUAGES, Sandbox, sessions};
+use crate::{Error, Result, Wasmbox};
+
+/// How long a pause waits for a call running in the sandbox to end.
+pub const PAUSE_WAIT: Duration = Duration::from_secs(10);
+
+/// What saving one session did.
+#[derive(Clone, Debug)]
+pub struct SavedSession {
+    pub language: Language,
+    /// Bytes of its state file; `None` when it could not be saved (see `error`).
+    pub bytes: Option<u64>,
+    pub error: Option<String>,
+}
+
+impl SavedSession {
+    /// The note a tool's reply carries.
+    pub fn note(&self) -> String {
+        match (&self.bytes, &self.error) {
+            (Some(b), _) => format!(
+                "the {} session was saved to disk ({b} bytes); the next call restores it",
+                self.language.name()
+            ),
+            (None, Some(e)) => format!(
+                "the {} session could not be saved ({e}); it stays in memory",
+                self.language.name()
+            ),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+impl Wasmbox {
+    /// The loaded runtime that keeps `language`'s sessions; `None` when it has not loaded (so
+    /// no session of it can be live).
+    fn loaded_session_runtime(&self, language: Language) -> Option<Arc<dyn SessionRuntime>> {
+        match language {
+            Language::Python => self
+                .inner
+                .python
+                .get()
+                .map(|r| r.clone() as Arc<dyn SessionRuntime>),
+            Language::JavaScript => self
+                .inner
+                .javascript
+                .get()
+                .map(|r| r.clone() as Arc<dyn SessionRuntime>),
+            _ => None,
+        }
+    }
+
+    /// Saves `sb`'s live sessions to its state files and frees their instances; the next call
+    /// in each restores it. Waits up to `wait` for a running call to end, then fails clearly.
+    /// A session that cannot be saved stays live (its note says why).
+    pub async fn save_sessions(
+        &self,
+        sb: &Arc<Sandbox>,
+        wait: Duration,
+    ) -> Result<Vec<SavedSession>> {
+        let mut saved = Vec::new();
+        for language in SESSION_LANGUAGES {
+            let Some(slot) = sb.slot(language) else {
+                continue;
+            };
+            let guard = tokio::time::timeout(wait, slot.clone().lock_owned())
+                .await
+                .map_err(|_| {
+                    Error::busy(format!(
+                        "a call is still running in the sandbox's {} session after {} s; try \
+                         again once it ends",
+                        language.name(),
+                        wait.as_secs()
+                    ))
+                })?;
+            let path = sb.state_path(language);
+            if guard.session.is_none() {
+                // Ended by this save's stop (a shutdown): the next server says so.
+                if let Some(why) = &guard.ended {
+                    sessions::note_lost(&path, why);
+                }
+                continue;
+            }
+            let Some(rt) = self.loaded_session_runtime(language) else {
+                continue;
+            };
+            let outcome = tokio::task::spawn_blocking(move || {
+                let mut guard = guard;
+                let session = guard.session.as_mut().expect("checked above");
+                let r = sessions::save(&*rt, session, &path);
+                if r.is_ok() {
+                    guard.session = None;
+                }
+                r
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("saving panicked: {e}")));
+            saved.push(match outcome {
+                Ok(s) => SavedSession {
+                    language,
+                    bytes: Some(s.bytes),
+                    error: None,
+                },
+                Err(e) => {
+                    tracing::warn!(sandbox = %sb.id, "saving the {} session: {e}", language.name());
+                    SavedSession {
+                        language,
+                        bytes: None,
+                        error: Some(e),
+                    }
+                }
+            });
+        }
+        Ok(saved)
+    }
+
+    /// Pauses `owner`'s sandbox `id`: executions are refused until it is resumed, and its
+    /// sessions are written to disk and their instances freed.
+    pub async fn pause_sandbox(&self, id: &str, owner: &str) -> Result<(Arc<Sandbox>, Vec<String>)> {
+        let sb = self.inner.sandboxes.get(id, owner)?;
+        let saved = self.save_sessions(&sb, PAUSE_WAIT).await?;
+        let sb = self.inner.sandboxes.set_paused(id, owner, true)?;
+        Ok((sb, saved.iter().map(SavedSession::note).collect()))
+    }
+
+    /// Saves every sandbox's idle sessions before the server exits, so a restart on the same
+    /// data directory finds its variables. Calls still running are stopped as by a kill (their
+    /// sessions end, so they are not saved). Bounded by `within` in all.
+    pub async fn save_all(&self, within: Duration) {
+        if !self.inner.sandboxes.persistent() {
+            return;
+        }
+        let all = self.inner.sandboxes.all();
+        let work = async {
+            for sb in &all {
+                for language in SESSION_LANGUAGES {
+                    let busy = sb
+                        .slot(language)
+                        .is_some_and(|s| s.try_lock().is_err());
+                    if busy {
+                        sb.stop_all(crate::engine::limits::StopReason::Killed);
+                    }
+                }
+            }
+            for sb in &all {
+                if let Err(e) = self.save_sessions(sb, Duration::from_secs(2)).await {
+                    tracing::warn!(sandbox = %sb.id, "sessions not saved at shutdown: {e}");
+                }
+            }
+        };
+        if tokio::time::timeout(within, work).await.is_err() {
+            tracing::warn!("saving sessions at shutdown took over {within:?}; the rest start fresh");
+        }
+    }
+}
+
+impl Wasmbox {
+    /// A new sandbox of `owner` whose files, env and session variables equal sandbox `id`'s now
+    /// and are its own from then on. Live sessions are copied in memory (the child's first call
+    /// finds them ready), saved ones as files; either way the child's random generators are
+    /// reseeded. Calls in the source wait meanwhile.
+    pub async fn fork_sandbox(
+        &self,
+        id: &str,
+        owner: &str,
+    ) -> Result<(Arc<Sandbox>, Vec<String>)> {
+        let src = self.inner.sandboxes.get(id, owner)?;
+        let mut held = Vec::new();
+        for language in SESSION_LANGUAGES {
+            let slot = src.slot(language).expect("a slot per session language");
+            held.push((language, hold(slot, language).await?));
+        }
+        let child = self.inner.sandboxes.create(
+            src.template.id,
+            Some(src.timeout().as_secs() as i64),
+            src.env(),
+            owner,
+        )?;
+        let copied = {
+            let (src, child) = (src.clone(), child.clone());
+            tokio::task::spawn_blocking(move || copy_files(&src, &child))
+                .await
+                .unwrap_or_else(|e| Err(format!("copying panicked: {e}")))
+        };
+        if let Err(e) = copied {
+            let _ = self.inner.sandboxes.delete(&child.id, owner);
+            return Err(Error::wasm(format!("the sandbox's files could not be copied: {e}")));
+        }
+        let mut notes = Vec::new();
+        for (language, guard) in held {
+            if guard.session.is_none() {
+                let from = src.state_path(language);
+                if from.is_file() {
+                    let to = child.state_path(language);
+                    let copied = std::fs::create_dir_all(to.parent().expect("in state/"))
+                        .and_then(|()| std::fs::copy(&from, &to))
+                        .and_then(|_| std::fs::write(sessions::reseed_marker(&to), b""));
+                    if let Err(e) = copied {
+                        notes.push(format!(
+                            "the saved {} session could not be copied ({e}); the fork starts a fresh one",
+                            language.name()
+                        ));
+                    }
+                }
+                continue;
+            }
+            let Some(rt) = self.loaded_session_runtime(language) else {
+                continue;
+            };
+            let mut req = self.request(crate::ExecOptions {
+                language: language.as_str().into(),
+                ..Default::default()
+            })?;
+            req.place = Some(child.place(
+                crate::lang::guest::WORKSPACE_GUEST.into(),
+                child.stop.clone(),
+            ));
+            let target = child
+                .slot(language)
+                .expect("a slot per session language")
+                .clone()
+                .lock_owned()
+                .await;
+            let copied = self
+                .inner
+                .guests
+                .run(move || {
+                    let (mut guard, mut target) = (guard, target);
+                    let session = guard.session.as_mut().expect("checked above");
+                    let r = sessions::fork(&*rt, session, &req).map(|(s, n)| {
+                        target.session = Some(s);
+                        n
+                    });
+                    drop(guard);
+                    Ok::<_, Error>(r)
+                })
+                .await?;
+            match copied {
+                Ok(mut n) => notes.append(&mut n),
+                Err(e) => notes.push(format!(
+                    "the {} session could not be copied ({e}); the fork starts a fresh one",
+                    language.name()
+                )),
+            }
+        }
+        Ok((child, notes))
+    }
+}
+
+/// A sandbox's session slot, held for a copy or a save; a call still running after
+/// [`PAUSE_WAIT`] makes this fail clearly.
+async fn hold(
+    slot: &crate::sandbox::SlotLock,
+    language: Language,
+) -> Result<tokio::sync::OwnedMutexGuard<crate::sandbox::Slot>> {
+    tokio::time::timeout(PAUSE_WAIT, slot.clone().lock_owned())
+        .await
+        .map_err(|_| {
+            Error::busy(format!(
+                "a call is still running in the sandbox's {} session after {} s; try again once \
+                 it ends",
+                language.name(),
+                PAUSE_WAIT.as_secs()
+            ))
+        })
+}
+
+/// Copies `src`'s `/workspace` and `/tmp` into `child`'s, counted in the child's budget.
+fn copy_files(src: &Sandbox, child: &Sandbox) -> std::result::Result<(), String> {
+    let c = copy_dirs(
+        src,
+        &child.fs.host_workspace(),
+        &child.fs.host_tmp(),
+        child.fs.quota(),
+    )?;
+    child.fs.budget().changed(c.bytes as i64, c.entries as i64);
+    Ok(())
+}
+
+impl Wasmbox {
+    /// Keeps sandbox `id`'s files, env and sessions as a snapshot of its own (the sandbox runs
+    /// on unchanged). Calls in the sandbox wait meanwhile.
+    pub async fn snapshot_sandbox(&self, id: &str, owner: &str) -> Result<SnapshotMeta> {
+        let src = self.inner.sandboxes.get(id, owner)?;
+        let mut held = Vec::new();
+        for language in SESSION_LANGUAGES {
+            let slot = src.slot(language).expect("a slot per session language");
+            held.push((language, hold(slot, language).await?));
+        }
+        let store = &self.inner.sandboxes.snapshots;
+        let (snap_id, dir) = store.start()?;
+        let made = self.fill_snapshot(&src, held, &dir).await;
+        let (size_bytes, languages) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                store.abandon(&snap_id);
+                return Err(SnapshotError::Io(e).into());
+            }
+        };
+        let meta = SnapshotMeta {
+            snapshot_id: snap_id,
+            sandbox_id: src.id.clone(),
+            owner: owner.to_string(),
+            template: src.template.id.to_string(),
+            env: src.env(),
+            created_at_ms: snapshots::now_ms(),
+            languages,
+            size_bytes,
+        };
+        store.finish(&meta)?;
+        Ok(meta)
+    }
+
+    /// Writes `src`'s files and sessions into snapshot directory `dir`: their bytes, and the
+    /// languages whose sessions it holds.
+    async fn fill_snapshot(
+        &self,
+        src: &Arc<Sandbox>,
+        held: Vec<(Language, tokio::sync::OwnedMutexGuard<crate::sandbox::Slot>)>,
+        dir: &std::path::Path,
+    ) -> std::result::Result<(u64, Vec<Language>), String> {
+        let files = {
+            let (src, dir) = (src.clone(), dir.to_path_buf());
+            tokio::task::spawn_blocking(move || {
+                copy_dirs(&src, &dir.join("workspace"), &dir.join("tmp"), src.fs.quota())
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("copying panicked: {e}")))?
+        };
+        let mut size = files.bytes;
+        let mut languages = Vec::new();
+        for (language, guard) in held {
+            let to = snapshots::state_path(dir, language);
+            let bytes = if guard.session.is_some() {
+                let Some(rt) = self.loaded_session_runtime(language) else {
+                    continue;
+                };
+                tokio::task::spawn_blocking(move || {
+                    let mut guard = guard;
+                    let session = guard.session.as_mut().expect("checked above");
+                    sessions::save(&*rt, session, &to).map(|s| s.bytes)
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("saving panicked: {e}")))
+                .map_err(|e| format!("the {} session: {e}", language.name()))?
+            } else {
+                let from = src.state_path(language);
+                if !from.is_file() {
+                    continue;
+                }
+                std::fs::copy(&from, &to).map_err(|e| {
+                    format!("copying the saved {} session: {e}", language.name())
+                })?
+            };
+            size += bytes;
+            languages.push(language);
+        }
+        Ok((size, languages))
+    }
+
+    /// A new sandbox of `owner` holding snapshot `snapshot_id`'s files, env (with `env` on top)
+    /// and sessions; the sessions are restored, with fresh random generators, by its first
+    /// call in each language.
+    pub async fn create_from_snapshot(
+        &self,
+        snapshot_id: &str,
+        template: Option<&str>,
+        timeout_secs: Option<i64>,
+        env: std::collections::BTreeMap<String, String>,
+        owner: &str,
+    ) -> Result<Arc<Sandbox>> {
+        let (meta, dir) = self.inner.sandboxes.snapshots.get(snapshot_id, owner)?;
+        if let Some(t) = template.filter(|t| *t != meta.template) {
+            return Err(Error::invalid(format!(
+                "snapshot {snapshot_id} is of template '{}', not '{t}': create_sandbox from it \
+                 takes its template (leave template_id out)",
+                meta.template
+            )));
+        }
+        let mut all_env = meta.env.clone();
+        all_env.extend(env);
+        let sb = self
+            .inner
+            .sandboxes
+            .create(&meta.template, timeout_secs, all_env, owner)?;
+        let filled = {
+            let (sb, dir) = (sb.clone(), dir.clone());
+            tokio::task::spawn_blocking(move || -> std::result::Result<(), String> {
+                let c = copy_into(&dir.join("workspace"), &dir.join("tmp"), &sb)?;
+                sb.fs.budget().changed(c.bytes as i64, c.entries as i64);
+                for language in meta.languages {
+                    let to = sb.state_path(language);
+                    std::fs::create_dir_all(to.parent().expect("in state/"))
+                        .and_then(|()| std::fs::copy(snapshots::state_path(&dir, language), &to))
+                        .and_then(|_| std::fs::write(sessions::reseed_marker(&to), b""))
+                        .map_err(|e| format!("the {} session: {e}", language.name()))?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("copying panicked: {e}")))
+        };
+        if let Err(e) = filled {
+            let _ = self.inner.sandboxes.delete(&sb.id, owner);
+            return Err(SnapshotError::Io(format!("the snapshot could not be copied: {e}")).into());
+        }
+        Ok(sb)
+    }
+}
+
+/// Copies `src`'s `/workspace` and `/tmp` into the directories `ws` and `tmp`, within `quota`
+/// in all.
+fn copy_dirs(
+    src: &Sandbox,
+    ws: &std::path::Path,
+    tmp: &std::path::Path,
+    quota: crate::engine::disk::Quota,
+) -> std::result::Result<Copied, String> {
+    copy_pair(
+        [(src.fs.host_workspace(), ws.to_path_buf()), (src.fs.host_tmp(), tmp.to_path_buf())],
+        quota,
+    )
+}
+
+/// Copies the directories `ws` and `tmp` into `dst`'s `/workspace` and `/tmp`, within its quota.
+fn copy_into(
+    ws: &std::path::Path,
+    tmp: &std::path::Path,
+    dst: &Sandbox,
+) -> std::result::Result<Copied, String> {
+    copy_pair(
+        [(ws.to_path_buf(), dst.fs.host_workspace()), (tmp.to_path_buf(), dst.fs.host_tmp())],
+        dst.fs.quota(),
+    )
+}
+
+fn copy_pair(
+    pairs: [(std::path::PathBuf, std::path::PathBuf); 2],
+    quota: crate::engine::disk::Quota,
+) -> std::result::Result<Copied, String> {
+    let mut total = Copied::default();
+    for (from, to) in pairs {
+        let left = crate::engine::disk::Quota {
+            max_bytes: quota.max_bytes.saturating_sub(total.bytes),
+            max_entries: quota.max_entries.saturating_sub(total.entries),
+        };
+        let c = crate::sandbox::copy::copy_tree(&from, &to, left).map_err(|e| e.to_string())?;
+        total.bytes += c.bytes;
+        total.entries += c.entries;
+    }
+    Ok(total)
+}
+
+impl Wasmbox {
+    /// Before a session starts in `(sandbox, language)`: while live sessions are at their cap,
+    /// saves the least recently used idle one to disk and frees it, so sessions never run the
+    /// engine out of instance slots (or the host out of memory). Sessions in a call are left.
+    pub(crate) fn make_room(&self, for_sandbox: &str, for_language: Language) {
+        let max = self.inner.config.sandbox.max_live_sessions;
+        loop {
+            let mut live = 0usize;
+            let mut oldest: Option<(std::time::Instant, Arc<Sandbox>, Language)> = None;
+            for sb in self.inner.sandboxes.all() {
+                for language in SESSION_LANGUAGES {
+                    if sb.id == for_sandbox && language == for_language {
+                        continue;
+                    }
+                    let slot = sb.slot(language).expect("a slot per session language");
+                    let Ok(g) = slot.try_lock() else {
+                        live += 1;
+                        continue;
+                    };
+                    if g.session.is_none() {
+                        continue;
+                    }
+                    live += 1;
+                    let used = g.last_used.unwrap_or_else(std::time::Instant::now);
+                    if oldest.as_ref().is_none_or(|(t, ..)| used < *t) {
+                        oldest = Some((used, sb.clone(), language));
+                    }
+                }
+            }
+            if live < max {
+                return;
+            }
+            let Some((_, sb, language)) = oldest else {
+                return;
+            };
+            if !self.swap_out(&sb, language) {
+                return;
+            }
+        }
+    }
+
+    /// Saves `sb`'s idle `language` session to disk and frees it; false when it was busy, had
+    /// ended, or could not be saved (then it stays live).
+    fn swap_out(&self, sb: &Sandbox, language: Language) -> bool {
+        let Some(slot) = sb.slot(language) else {
+            return false;
+        };
+        let Ok(mut g) = slot.try_lock() else {
+            return false;
+        };
+        let (Some(session), Some(rt)) = (g.session.as_mut(), self.loaded_session_runtime(language))
+        else {
+            return false;
+        };
+        match sessions::save(&*rt, session, &sb.state_path(language)) {
+            Ok(s) => {
+                tracing::debug!(sandbox = %sb.id, "{} session swapped out ({} bytes)", language.name(), s.bytes);
+                g.session = None;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %sb.id, "swapping out the {} session: {e}", language.name());
+                false
+            }
+        }
+    }
+
+    /// Saves and frees sessions idle for `WASMBOX_IDLE_PAUSE_S`, on a thread of its own that
+    /// ends with the service.
+    pub(crate) fn start_idle_keeper(&self) {
+        let Some(idle) = self.inner.config.sandbox.idle_pause else {
+            return;
+        };
+        let weak = Arc::downgrade(&self.inner);
+        let every = (idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(5));
+        let spawned = std::thread::Builder::new()
+            .name("wasmbox-idle-sessions".into())
+            .spawn(move || {
+                crate::engine::threads::lower_priority();
+                loop {
+                    std::thread::sleep(every);
+                    let Some(inner) = weak.upgrade() else {
+                        return;
+                    };
+                    let wb = Wasmbox { inner };
+                    for sb in wb.inner.sandboxes.all() {
+                        for language in SESSION_LANGUAGES {
+                            let idle_for = sb
+                                .slot(language)
+                                .and_then(|s| s.try_lock().ok())
+                                .and_then(|g| g.session.as_ref().and(g.last_used))
+                                .map(|t| t.elapsed());
+                            if idle_for.is_some_and(|d| d >= idle) {
+                                wb.swap_out(&sb, language);
+                            }
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("idle sessions will stay in memory: {e}");
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! A live interpreter a sandbox keeps between calls. Python and JavaScript share this shape, so
+//! saving a session's state and restoring it are written once, here.
+//!
+//! A session is an instance of its runtime's pre-initialised image; its state is what it holds
+//! that the image does not (linear-memory pages and globals, `engine::state`) plus its clock.
+//! Restoring makes a fresh instance of the same image and writes that state over it.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use wasmtime::{Instance, Memory};
+
+use super::guest::Guest;
+use super::{ExecRequest, ExecResult, LangError as Error, Language, Result};
+use crate::engine::state::{self, InstanceState, StateKey};
+
+/// `meta` key of a state: regular files the guest held open when it was saved.
+const OPEN_FILES: &str = "open_files";
+
+/// A sandbox's interpreter for one language. After a trap, a limit or an exit it is no longer
+/// [`alive`](Session::alive): its state is undefined and it must be replaced.
+pub struct Session {
+    pub(super) guest: Guest,
+    pub(super) instance: Instance,
+    pub(super) alive: bool,
+}
+
+impl Session {
+    pub(super) fn new(guest: Guest, instance: Instance) -> Self {
+        Self {
+            guest,
+            instance,
+            alive: true,
+        }
+    }
+
+    pub fn alive(&self) -> bool {
+        self.alive
+    }
+
+    /// The result of a call on a session that has ended.
+    pub(super) fn ended(&mut self, language: Language) -> ExecResult {
+        self.guest.result(
+            Err(wasmtime::format_err!(
+                "this {} session has ended; start a new one",
+                language.name()
+            )),
+            language,
+        )
+    }
+
+    fn memory(&mut self) -> Result<Memory> {
+        exported_memory(&mut self.guest, &self.instance)
+    }
+
+    /// The interpreter's state as of its last call. Only between calls: the caller holds the
+    /// session exclusively, so no call runs meanwhile.
+    pub fn capture(&mut self) -> Result<InstanceState> {
+        if !self.alive {
+            return Err(Error::InvalidArgument(
+                "the session has ended; there is no state to save".into(),
+            ));
+        }
+        let memory = self.memory()?;
+        let mut st = state::capture(&mut self.guest.store, &self.instance, memory)?;
+        st.clock_ns = self.guest.clock_ns();
+        let open = self.guest.open_files();
+        if open > 0 {
+            st.meta.insert(OPEN_FILES.into(), open.to_string());
+        }
+        Ok(st)
+    }
+}
+
+fn exported_memory(guest: &mut Guest, instance: &Instance) -> Result<Memory> {
+    instance
+        .get_memory(&mut guest.store, "memory")
+        .ok_or_else(|| Error::wasm("the runtime exports no memory"))
+}
+
+/// What a runtime that keeps sessions offers a sandbox.
+pub trait SessionRuntime: Send + Sync {
+    fn language(&self) -> Language;
+
+    /// A new session in `req`'s place, ready for its first call.
+    fn start(&self, req: &ExecRequest) -> Result<Session>;
+
+    /// A new instance of the image in `req`'s place, not run, its clock reading `clock`.
+    fn instantiate(&self, req: &ExecRequest, clock: Duration) -> Result<(Guest, Instance)>;
+
+    /// Runs `req` in the session (`rich`: collect a final table too, where the language has
+    /// one).
+    fn call(&self, session: &mut Session, req: &ExecRequest, rich: bool) -> ExecResult;
+
+    /// What this runtime's states are tied to; why there is none when sessions cannot be saved
+    /// (the image could not be built).
+    fn state_key(&self) -> std::result::Result<Arc<StateKey>, String>;
+
+    /// Gives a copied session random generators of its own, so a fork does not draw its
+    /// parent's numbers.
+    fn reseed(&self, session: &mut Session) -> Result<()>;
+}
+
+/// A session of `rt` holding `st`, and notes on what it could not keep.
+pub fn restore(
+    rt: &dyn SessionRuntime,
+    req: &ExecRequest,
+    st: &InstanceState,
+) -> Result<(Session, Vec<String>)> {
+    let (mut guest, instance) = rt.instantiate(req, Duration::from_nanos(st.clock_ns))?;
+    let memory = exported_memory(&mut guest, &instance)?;
+    state::restore(&mut guest.store, &instance, memory, st)?;
+    let mut notes = Vec::new();
+    if let Some(n) = st.meta.get(OPEN_FILES) {
+        notes.push(format!(
+            "{n} file(s) the {} session held open were closed when its state was saved; \
+             reading or writing them again raises a bad-file-descriptor error (open them again)",
+            rt.language().name()
+        ));
+    }
+    Ok((Session::new(guest, instance), notes))
+}
+
+/// A runtime's [`StateKey`]: its language and the SHA-256 of its compiled image, so a state is
+/// only ever restored into the very image it came from (a rebuilt image may lay memory out
+/// differently). Hashed once, off the request path when [`StateKeyCell::prepare`] runs first.
+pub struct StateKeyCell {
+    language: Language,
+    /// The compiled image, or why sessions of this runtime cannot be saved.
+    image: std::result::Result<PathBuf, String>,
+    key: OnceLock<std::result::Result<Arc<StateKey>, String>>,
+    preparing: std::sync::atomic::AtomicBool,
+}
+
+impl StateKeyCell {
+    pub fn new(language: Language, compiled_image: PathBuf) -> Self {
+        Self {
+            language,
+            image: Ok(compiled_image),
+            key: OnceLock::new(),
+            preparing: Default::default(),
+        }
+    }
+
+    pub fn unavailable(language: Language, why: String) -> Self {
+        Self {
+            language,
+            image: Err(why),
+            key: OnceLock::new(),
+            preparing: Default::default(),
+        }
+    }
+
+    pub fn get(&self) -> std::result::Result<Arc<StateKey>, String> {
+        self.key
+            .get_or_init(|| {
+                let path = self.image.as_ref().map_err(Clone::clone)?;
+                let sha = sha256_file(path).map_err(|e| {
+                    format!("the compiled image {} could not be read: {e}", path.display())
+                })?;
+                Ok(Arc::new(StateKey::new(sha, self.language.as_str())))
+            })
+            .clone()
+    }
+
+    /// Hashes the image now, on a low-priority thread of its own (once: when the first
+    /// session starts, so one-shots never pay for it).
+    pub fn prepare(self: &Arc<Self>) {
+        if self.image.is_err() || self.preparing.swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
+        let me = self.clone();
+        let _ = std::thread::Builder::new()
+            .name("wasmbox-image-hash".into())
+            .spawn(move || {
+                crate::engine::threads::lower_priority();
+                let _ = me.get();
+            });
+    }
+}
+
+fn sha256_file(path: &std::path::Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(hex::encode(h.finalize()));
+        }
+        h.update(&buf[..n]);
+    }
+}

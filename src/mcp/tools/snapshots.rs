@@ -1,0 +1,167 @@
+//! Interpreter state as something to copy: forks of a live sandbox, and snapshots new sandboxes
+//! start from (`create_sandbox(from_snapshot=...)`). Ours: HOPX has none.
+
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::args::SandboxArgs;
+use super::reply::{Reply, ToolError, ToolResult, schema};
+use super::sandboxes::{SandboxReply, created};
+use super::{WasmboxServer, not_found};
+use crate::Error;
+use crate::lang::Language;
+use crate::sandbox::SandboxError;
+use crate::sandbox::fs::rfc3339;
+use crate::sandbox::snapshots::{SnapshotError, SnapshotMeta};
+
+#[derive(Deserialize, JsonSchema)]
+pub struct SnapshotArgs {
+    /// The snapshot id (from snapshot_sandbox).
+    pub snapshot_id: String,
+}
+
+/// A snapshot: a sandbox's files, env and session state, kept.
+#[derive(Serialize, JsonSchema)]
+pub struct SnapshotReply {
+    pub snapshot_id: String,
+    /// The sandbox it was taken from (which may be gone since).
+    pub sandbox_id: String,
+    pub template_id: String,
+    pub size_bytes: u64,
+    pub created_at: String,
+    /// The languages whose sessions (variables) it holds.
+    pub languages: Vec<Language>,
+}
+
+impl From<&SnapshotMeta> for SnapshotReply {
+    fn from(m: &SnapshotMeta) -> Self {
+        Self {
+            snapshot_id: m.snapshot_id.clone(),
+            sandbox_id: m.sandbox_id.clone(),
+            template_id: m.template.clone(),
+            size_bytes: m.size_bytes,
+            created_at: rfc3339(m.created_at()),
+            languages: m.languages.clone(),
+        }
+    }
+}
+
+/// `list_snapshots`.
+#[derive(Serialize, JsonSchema)]
+pub struct SnapshotList {
+    pub snapshots: Vec<SnapshotReply>,
+    pub count: usize,
+}
+
+/// `delete_snapshot`.
+#[derive(Serialize, JsonSchema)]
+pub struct SnapshotDeleted {
+    pub snapshot_id: String,
+    pub deleted: bool,
+}
+
+/// A failed snapshot operation, in HOPX's error shape.
+fn failed(what: &str, key: &str, id: &str, e: Error) -> ToolError {
+    match e {
+        Error::Sandbox(e @ SandboxError::NotFound(_)) => not_found(&e, key, id),
+        Error::Snapshot(e @ SnapshotError::NotFound(_)) => ToolError::new(json!({
+            "error": "Snapshot not found",
+            "message": e.to_string(),
+            key: id,
+        })),
+        e => ToolError::new(json!({
+            "error": what,
+            "message": e.to_string(),
+            key: id,
+        })),
+    }
+}
+
+#[tool_router(router = state_router, vis = "pub(super)")]
+impl WasmboxServer {
+    #[tool(
+        name = "fork_sandbox",
+        title = "Fork a sandbox",
+        description = "Create a new local sandbox that starts as a copy of this one: its files, env and the variables of its Python and JavaScript sessions (a loaded DataFrame, a fitted model) equal the source's now, and the two are independent afterwards. Random generators are reseeded in the copy. Returns the new sandbox as create_sandbox does.",
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false),
+        output_schema = schema::<SandboxReply>()
+    )]
+    async fn fork_sandbox(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<SandboxReply> {
+        let (sb, notes) = self
+            .wasmbox
+            .fork_sandbox(&a.sandbox_id, &self.owner)
+            .await
+            .map_err(|e| failed("Failed to fork sandbox", "sandbox_id", &a.sandbox_id, e))?;
+        let mut v = created(&sb);
+        if !notes.is_empty() {
+            v["notes"] = json!(notes);
+        }
+        Ok(Reply::json(v))
+    }
+
+    #[tool(
+        name = "snapshot_sandbox",
+        title = "Snapshot a sandbox",
+        description = "Keep a sandbox's files, env and the variables of its Python and JavaScript sessions as a snapshot; create_sandbox(from_snapshot=snapshot_id) starts new sandboxes from it. The sandbox runs on unchanged. Snapshots last until delete_snapshot.",
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false),
+        output_schema = schema::<SnapshotReply>()
+    )]
+    async fn snapshot_sandbox(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+    ) -> ToolResult<SnapshotReply> {
+        let meta = self
+            .wasmbox
+            .snapshot_sandbox(&a.sandbox_id, &self.owner)
+            .await
+            .map_err(|e| failed("Failed to snapshot sandbox", "sandbox_id", &a.sandbox_id, e))?;
+        Ok(Reply::new(SnapshotReply::from(&meta)))
+    }
+
+    #[tool(
+        name = "list_snapshots",
+        title = "List snapshots",
+        description = "List your snapshots, oldest first.",
+        annotations(read_only_hint = true, open_world_hint = false),
+        output_schema = schema::<SnapshotList>()
+    )]
+    async fn list_snapshots(&self) -> ToolResult<SnapshotList> {
+        let snapshots: Vec<SnapshotReply> = self
+            .wasmbox
+            .sandboxes()
+            .snapshots
+            .list(&self.owner)
+            .iter()
+            .map(SnapshotReply::from)
+            .collect();
+        Ok(Reply::new(SnapshotList {
+            count: snapshots.len(),
+            snapshots,
+        }))
+    }
+
+    #[tool(
+        name = "delete_snapshot",
+        title = "Delete a snapshot",
+        description = "Delete a snapshot and its files. Sandboxes made from it are unaffected.",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false),
+        output_schema = schema::<SnapshotDeleted>()
+    )]
+    async fn delete_snapshot(
+        &self,
+        Parameters(a): Parameters<SnapshotArgs>,
+    ) -> ToolResult<SnapshotDeleted> {
+        self.wasmbox
+            .sandboxes()
+            .snapshots
+            .delete(&a.snapshot_id, &self.owner)
+            .map_err(|e| failed("Failed to delete snapshot", "snapshot_id", &a.snapshot_id, e.into()))?;
+        Ok(Reply::new(SnapshotDeleted {
+            snapshot_id: a.snapshot_id,
+            deleted: true,
+        }))
+    }
+}

@@ -1,0 +1,392 @@
+//! Interpreter state that survives and copies: pause to disk and resume, a SIGTERM and a
+//! restart on the same data directory, forks, snapshots, idle and capacity swap-out, and what a
+//! damaged state file gives (a note and a fresh session), all over MCP with rmcp's client.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{Client, HttpServer, create_sandbox, err, ok};
+use serde_json::{Value, json};
+
+async fn stdio(data: &Path, extra: &[(&str, &str)]) -> (Client, u32) {
+    let mut env = vec![("WASMBOX_DATA", data.to_str().unwrap())];
+    env.extend_from_slice(extra);
+    common::server_with_pid(&env).await
+}
+
+async fn run(c: &Client, id: &str, language: &str, code: &str) -> Value {
+    ok(
+        c,
+        "execute_code",
+        json!({"mode": "persistent", "sandbox_id": id, "language": language, "code": code}),
+    )
+    .await
+}
+
+fn state_file(data: &Path, id: &str, language: &str) -> PathBuf {
+    data.join("sandboxes")
+        .join(id)
+        .join("state")
+        .join(format!("{language}.state"))
+}
+
+fn notes(v: &Value) -> String {
+    v["notes"].to_string()
+}
+
+/// Python with a DataFrame and a plain variable, JavaScript with a global.
+async fn fill(c: &Client, id: &str) {
+    let v = run(
+        c,
+        id,
+        "python",
+        "import pandas as pd\ndf = pd.DataFrame({'a': range(10000)})\nx = 41",
+    )
+    .await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let v = run(c, id, "javascript", "var y = 'js kept'; y").await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+}
+
+/// Both sessions still hold what [`fill`] set.
+async fn check_filled(c: &Client, id: &str) {
+    let v = run(c, id, "python", "print(x + 1, len(df), int(df.a.sum()))").await;
+    assert_eq!(v["stdout"], "42 10000 49995000\n", "{v}");
+    let v = run(c, id, "javascript", "console.log(y)").await;
+    assert_eq!(v["stdout"], "js kept\n", "{v}");
+}
+
+async fn wait_gone(pid: u32) {
+    for _ in 0..200 {
+        // SAFETY: signal 0 only checks that the process exists.
+        if unsafe { libc::kill(pid as i32, 0) } != 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("server {pid} still running");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_writes_sessions_to_disk_and_resume_brings_them_back() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[]).await;
+    let id = create_sandbox(&c, json!({})).await;
+    fill(&c, &id).await;
+
+    let v = ok(&c, "pause_sandbox", json!({"id": id})).await;
+    assert_eq!(v["status"], "paused", "{v}");
+    assert!(notes(&v).contains("Python session was saved"), "{v}");
+    assert!(notes(&v).contains("JavaScript session was saved"), "{v}");
+    for language in ["python", "javascript"] {
+        let f = state_file(data.path(), &id, language);
+        let meta = std::fs::metadata(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert!(meta.len() > 0);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{}", f.display());
+    }
+    let e = err(
+        &c,
+        "execute_code",
+        json!({"mode": "persistent", "sandbox_id": id, "code": "print(x)"}),
+    )
+    .await;
+    assert!(e.to_string().contains("paused"), "{e}");
+
+    ok(&c, "resume_sandbox", json!({"id": id})).await;
+    check_filled(&c, &id).await;
+    // Restored, the sessions go on as before, and the files are spent.
+    let v = run(&c, &id, "python", "x += 1\nprint(x)").await;
+    assert_eq!(v["stdout"], "42\n", "{v}");
+    assert!(!state_file(data.path(), &id, "python").exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sigterm_and_a_restart_keep_variables() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, pid) = stdio(data.path(), &[]).await;
+    let id = create_sandbox(&c, json!({})).await;
+    fill(&c, &id).await;
+    // SAFETY: sending SIGTERM to the child server we started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    wait_gone(pid).await;
+    assert!(state_file(data.path(), &id, "python").is_file());
+
+    let (c, _) = stdio(data.path(), &[]).await;
+    check_filled(&c, &id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_running_at_shutdown_ends_its_session_and_the_next_server_says_so() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, pid) = stdio(data.path(), &[]).await;
+    let id = create_sandbox(&c, json!({})).await;
+    run(&c, &id, "python", "x = 1").await;
+    let busy = common::spawn_call(
+        &c,
+        "execute_code",
+        json!({"sandbox_id": id, "mode": "persistent", "code": "import time; time.sleep(30)"}),
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // SAFETY: sending SIGTERM to the child server we started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    wait_gone(pid).await;
+    let _ = busy.await;
+
+    let (c, _) = stdio(data.path(), &[]).await;
+    let v = run(&c, &id, "python", "print('x' in globals())").await;
+    assert_eq!(v["stdout"], "False\n", "{v}");
+    assert!(notes(&v).contains("not saved when the server last stopped"), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_sees_the_parents_variables_and_files_then_each_goes_its_own_way() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[]).await;
+    let parent = create_sandbox(&c, json!({"env_vars": {"STAGE": "one"}})).await;
+    fill(&c, &parent).await;
+    run(
+        &c,
+        &parent,
+        "python",
+        "import numpy as np, random\nopen('/workspace/f.txt', 'w').write('parent')",
+    )
+    .await;
+
+    let v = ok(&c, "fork_sandbox", json!({"sandbox_id": parent})).await;
+    let child = v["id"].as_str().unwrap().to_string();
+    assert_ne!(child, parent);
+    assert_eq!(v["template_id"], "code-interpreter", "{v}");
+    check_filled(&c, &child).await;
+    let v = run(
+        &c,
+        &child,
+        "python",
+        "import os\nprint(open('/workspace/f.txt').read(), os.environ['STAGE'])",
+    )
+    .await;
+    assert_eq!(v["stdout"], "parent one\n", "{v}");
+
+    // Each changes its own copy only.
+    run(&c, &child, "python", "x = 'child'\nopen('/workspace/f.txt', 'w').write('child')").await;
+    run(&c, &parent, "python", "df['a'] = 0").await;
+    let v = run(&c, &parent, "python", "print(x, open('/workspace/f.txt').read(), int(df.a.sum()))").await;
+    assert_eq!(v["stdout"], "41 parent 0\n", "{v}");
+    let v = run(&c, &child, "python", "print(x, open('/workspace/f.txt').read(), int(df.a.sum()))").await;
+    assert_eq!(v["stdout"], "child child 49995000\n", "{v}");
+
+    // A fork draws its own random numbers.
+    let draw = "print(random.random(), np.random.rand())";
+    let a = run(&c, &parent, "python", draw).await;
+    let b = run(&c, &child, "python", draw).await;
+    assert_eq!(a["exit_code"], 0, "{a}");
+    assert_ne!(a["stdout"], b["stdout"], "the fork repeats its parent's random numbers");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_from_a_snapshot_has_the_snapshots_state_not_the_sources_later_one() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[]).await;
+    let src = create_sandbox(&c, json!({"template_id": "python"})).await;
+    run(&c, &src, "python", "x = 'snap'\nopen('/workspace/f', 'w').write('v1')").await;
+    let snap = ok(&c, "snapshot_sandbox", json!({"sandbox_id": src})).await;
+    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
+    assert_eq!(snap["sandbox_id"], src.as_str(), "{snap}");
+    assert_eq!(snap["languages"], json!(["python"]), "{snap}");
+    assert!(snap["size_bytes"].as_u64().unwrap() > 0, "{snap}");
+    // The source runs on, and moves on.
+    run(&c, &src, "python", "x = 'later'\nopen('/workspace/f', 'w').write('v2')").await;
+
+    let listed = ok(&c, "list_snapshots", json!({})).await;
+    assert_eq!(listed["count"], 1, "{listed}");
+    assert_eq!(listed["snapshots"][0]["snapshot_id"], snap_id.as_str());
+
+    let e = err(
+        &c,
+        "create_sandbox",
+        json!({"from_snapshot": snap_id, "template_id": "javascript"}),
+    )
+    .await;
+    assert!(e.to_string().contains("template"), "{e}");
+    let v = ok(&c, "create_sandbox", json!({"from_snapshot": snap_id})).await;
+    assert_eq!(v["template_id"], "python", "{v}");
+    let made = v["id"].as_str().unwrap().to_string();
+    let v = run(&c, &made, "python", "print(x, open('/workspace/f').read())").await;
+    assert_eq!(v["stdout"], "snap v1\n", "{v}");
+    let v = run(&c, &src, "python", "print(x)").await;
+    assert_eq!(v["stdout"], "later\n", "{v}");
+
+    let v = ok(&c, "delete_snapshot", json!({"snapshot_id": snap_id})).await;
+    assert_eq!(v, json!({"snapshot_id": snap_id, "deleted": true}));
+    assert_eq!(ok(&c, "list_snapshots", json!({})).await["count"], 0);
+    let e = err(&c, "create_sandbox", json!({"from_snapshot": snap_id})).await;
+    assert!(e.to_string().contains("not found"), "{e}");
+    // The sandbox made from it does not depend on it.
+    let v = run(&c, &made, "python", "print(x)").await;
+    assert_eq!(v["stdout"], "snap\n", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_state_file_gives_a_note_and_a_working_fresh_session() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[]).await;
+    let id = create_sandbox(&c, json!({})).await;
+    run(&c, &id, "python", "x = 1").await;
+    ok(&c, "pause_sandbox", json!({"id": id})).await;
+    let f = state_file(data.path(), &id, "python");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&f, &bytes).unwrap();
+    ok(&c, "resume_sandbox", json!({"id": id})).await;
+    let v = run(&c, &id, "python", "print('x' in globals())").await;
+    assert_eq!(v["stdout"], "False\n", "{v}");
+    assert!(notes(&v).contains("could not be restored"), "{v}");
+    assert!(notes(&v).contains("corrupted"), "{v}");
+    let v = run(&c, &id, "python", "x = 2\nprint(x)").await;
+    assert_eq!(v["stdout"], "2\n", "{v}");
+    assert!(v["notes"].as_array().is_none_or(|n| n.is_empty()), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_state_file_of_another_image_is_refused_with_a_note() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[]).await;
+    let id = create_sandbox(&c, json!({})).await;
+    run(&c, &id, "javascript", "var z = 5").await;
+    ok(&c, "pause_sandbox", json!({"id": id})).await;
+    // The JavaScript state put where the Python one goes: a well-formed file of another image.
+    std::fs::rename(
+        state_file(data.path(), &id, "javascript"),
+        state_file(data.path(), &id, "python"),
+    )
+    .unwrap();
+    ok(&c, "resume_sandbox", json!({"id": id})).await;
+    let v = run(&c, &id, "python", "print('z' in globals())").await;
+    assert_eq!(v["stdout"], "False\n", "{v}");
+    assert!(notes(&v).contains("another image"), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_sessions_and_those_past_the_live_cap_go_to_disk_and_come_back() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(
+        data.path(),
+        &[("WASMBOX_LIVE_SESSIONS", "2"), ("WASMBOX_IDLE_PAUSE_S", "1")],
+    )
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let id = create_sandbox(&c, json!({"template_id": "python"})).await;
+        run(&c, &id, "python", &format!("mine = {i}")).await;
+        ids.push(id);
+    }
+    // At most two live: the first two were saved to make room.
+    assert!(state_file(data.path(), &ids[0], "python").is_file());
+    for (i, id) in ids.iter().enumerate() {
+        let v = run(&c, id, "python", "print(mine)").await;
+        assert_eq!(v["stdout"], format!("{i}\n"), "{v}");
+    }
+    // Idle for over a second: saved and freed, then back on the next call.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert!(state_file(data.path(), &ids[3], "python").is_file());
+    let v = run(&c, &ids[3], "python", "print(mine)").await;
+    assert_eq!(v["stdout"], "3\n", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_and_forks_are_owner_scoped_and_within_quota() {
+    let (a_tok, b_tok) = ("durable-token-aaaaaaaaaaaaaaaa", "durable-token-bbbbbbbbbbbbbbbb");
+    let tokens = format!("{a_tok},{b_tok}");
+    let server = HttpServer::start(
+        &[
+            ("WASMBOX_TOKEN", tokens.as_str()),
+            ("WASMBOX_SNAPSHOT_DISK_MB", "8"),
+        ],
+        &[],
+    )
+    .await;
+    let a = server.client(a_tok).await.unwrap();
+    let b = server.client(b_tok).await.unwrap();
+    let id = create_sandbox(&a, json!({"template_id": "python"})).await;
+    run(&a, &id, "python", "x = 1").await;
+    let snap = ok(&a, "snapshot_sandbox", json!({"sandbox_id": id})).await;
+    let snap_id = snap["snapshot_id"].as_str().unwrap();
+
+    for (tool, args) in [
+        ("fork_sandbox", json!({"sandbox_id": id})),
+        ("snapshot_sandbox", json!({"sandbox_id": id})),
+        ("delete_snapshot", json!({"snapshot_id": snap_id})),
+        ("create_sandbox", json!({"from_snapshot": snap_id})),
+    ] {
+        let e = err(&b, tool, args).await;
+        assert!(e.to_string().contains("not found"), "{tool}: {e}");
+    }
+    assert_eq!(ok(&b, "list_snapshots", json!({})).await["count"], 0);
+    assert_eq!(ok(&a, "list_snapshots", json!({})).await["count"], 1);
+
+    // A's snapshots may take 8 MiB in all.
+    run(
+        &a,
+        &id,
+        "python",
+        "open('/workspace/big', 'wb').write(bytes(9000000))",
+    )
+    .await;
+    let e = err(&a, "snapshot_sandbox", json!({"sandbox_id": id})).await;
+    assert!(e.to_string().contains("WASMBOX_SNAPSHOT_DISK_MB"), "{e}");
+    assert_eq!(ok(&a, "list_snapshots", json!({})).await["count"], 1);
+}
+
+/// 1,000 Python sandboxes on one server, each with pandas imported and a variable of its own,
+/// every one answering a later call with its own value; the server's memory at the end stays
+/// within twice an idle server's. Slow: run with `--ignored`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore]
+async fn a_thousand_sandboxes_keep_their_variables() {
+    let data = tempfile::tempdir().unwrap();
+    let n: usize = std::env::var("WASMBOX_LOAD_SANDBOXES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let max = (n + 10).to_string();
+    let (c, pid) = stdio(
+        data.path(),
+        &[
+            ("WASMBOX_MAX_SANDBOXES", max.as_str()),
+            ("WASMBOX_MAX_SANDBOXES_PER_TOKEN", max.as_str()),
+        ],
+    )
+    .await;
+    // Idle: the runtimes loaded and warm, no sandbox yet.
+    common::py(&c, "print(1)").await;
+    let warm = create_sandbox(&c, json!({"template_id": "javascript"})).await;
+    run(&c, &warm, "javascript", "1").await;
+    ok(&c, "delete_sandbox", json!({"id": warm})).await;
+    let idle = rss_kib(pid);
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = create_sandbox(&c, json!({"template_id": "python"})).await;
+        let v = run(&c, &id, "python", &format!("import pandas as pd\nmine = {i}")).await;
+        assert_eq!(v["exit_code"], 0, "{v}");
+        ids.push(id);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let v = run(&c, id, "python", "print(mine, pd.__name__)").await;
+        assert_eq!(v["stdout"], format!("{i} pandas\n"), "{v}");
+    }
+    let end = rss_kib(pid);
+    eprintln!("{n} sandboxes: idle RSS {idle} KiB, at the end {end} KiB");
+    assert!(end <= 2 * idle, "RSS {end} KiB is over twice the idle {idle} KiB");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
