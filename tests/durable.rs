@@ -183,6 +183,11 @@ async fn a_fork_sees_the_parents_variables_and_files_then_each_goes_its_own_way(
     let b = run(&c, &child, "python", draw).await;
     assert_eq!(a["exit_code"], 0, "{a}");
     assert_ne!(a["stdout"], b["stdout"], "the fork repeats its parent's random numbers");
+    let draw = "console.log(Math.random())";
+    let a = run(&c, &parent, "javascript", draw).await;
+    let b = run(&c, &child, "javascript", draw).await;
+    assert_eq!(a["exit_code"], 0, "{a}");
+    assert_ne!(a["stdout"], b["stdout"], "the fork repeats its parent's Math.random");
 }
 
 #[tokio::test(flavor = "multi_thread")]

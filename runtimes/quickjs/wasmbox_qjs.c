@@ -432,6 +432,22 @@ static void wb_fresh(void)
     wb_origin_epoch = wb_clock_ms(CLOCK_REALTIME);
 }
 
+/* Draws a new Math.random seed (the host calls it in a copied instance, a
+   fork, so that the copy does not replay its source's sequence). The clock
+   origins stay: a copy goes on from its source's time. */
+WB_EXPORT("wb_reseed")
+void wb_reseed(void)
+{
+    if (!wb_fresh_done) {
+        wb_fresh();
+        return;
+    }
+    if (getentropy(&wb_rand_state, sizeof(wb_rand_state)) != 0)
+        wb_rand_state ^= (uint64_t)(wb_clock_ms(CLOCK_REALTIME) * 1e3);
+    if (wb_rand_state == 0)
+        wb_rand_state = 0x9E3779B97F4A7C15ull;
+}
+
 /* the same generator and double construction as QuickJS's Math.random */
 static JSValue wb_math_random(JSContext *ctx, JSValueConst this_val, int argc,
                               JSValueConst *argv)

@@ -284,8 +284,13 @@ impl SessionRuntime for JsRuntime {
     }
 
     fn reseed(&self, s: &mut Session) -> Result<()> {
-        let _ = s;
-        Ok(())
+        let reseed = s
+            .instance
+            .get_typed_func::<(), ()>(&mut s.guest.store, "wb_reseed")
+            .map_err(|e| Error::wasm(format!("javascript: qjs.wasm has no wb_reseed: {e:#}")))?;
+        reseed
+            .call(&mut s.guest.store, ())
+            .map_err(|e| Error::wasm(format!("javascript: reseeding a copied session: {e:#}")))
     }
 }
 
