@@ -126,7 +126,11 @@ impl Wasmbox {
 
     /// Pauses `owner`'s sandbox `id`: executions are refused until it is resumed, and its
     /// sessions are written to disk and their instances freed.
-    pub async fn pause_sandbox(&self, id: &str, owner: &str) -> Result<(Arc<Sandbox>, Vec<String>)> {
+    pub async fn pause_sandbox(
+        &self,
+        id: &str,
+        owner: &str,
+    ) -> Result<(Arc<Sandbox>, Vec<String>)> {
         let sb = self.inner.sandboxes.get(id, owner)?;
         let saved = self.save_sessions(&sb, PAUSE_WAIT).await?;
         let sb = self.inner.sandboxes.set_paused(id, owner, true)?;
@@ -144,9 +148,7 @@ impl Wasmbox {
         let work = async {
             for sb in &all {
                 for language in SESSION_LANGUAGES {
-                    let busy = sb
-                        .slot(language)
-                        .is_some_and(|s| s.try_lock().is_err());
+                    let busy = sb.slot(language).is_some_and(|s| s.try_lock().is_err());
                     if busy {
                         sb.stop_all(crate::engine::limits::StopReason::Killed);
                     }
@@ -159,7 +161,9 @@ impl Wasmbox {
             }
         };
         if tokio::time::timeout(within, work).await.is_err() {
-            tracing::warn!("saving sessions at shutdown took over {within:?}; the rest start fresh");
+            tracing::warn!(
+                "saving sessions at shutdown took over {within:?}; the rest start fresh"
+            );
         }
     }
 }
@@ -169,11 +173,7 @@ impl Wasmbox {
     /// and are its own from then on. Live sessions are copied in memory (the child's first call
     /// finds them ready), saved ones as files; either way the child's random generators are
     /// reseeded. Calls in the source wait meanwhile.
-    pub async fn fork_sandbox(
-        &self,
-        id: &str,
-        owner: &str,
-    ) -> Result<(Arc<Sandbox>, Vec<String>)> {
+    pub async fn fork_sandbox(&self, id: &str, owner: &str) -> Result<(Arc<Sandbox>, Vec<String>)> {
         let src = self.inner.sandboxes.get(id, owner)?;
         let mut held = Vec::new();
         for language in SESSION_LANGUAGES {
@@ -194,7 +194,9 @@ impl Wasmbox {
         };
         if let Err(e) = copied {
             let _ = self.inner.sandboxes.delete(&child.id, owner);
-            return Err(Error::wasm(format!("the sandbox's files could not be copied: {e}")));
+            return Err(Error::wasm(format!(
+                "the sandbox's files could not be copied: {e}"
+            )));
         }
         let mut notes = Vec::new();
         for (language, guard) in held {
@@ -332,7 +334,12 @@ impl Wasmbox {
         let files = {
             let (src, dir) = (src.clone(), dir.to_path_buf());
             tokio::task::spawn_blocking(move || {
-                copy_dirs(&src, &dir.join("workspace"), &dir.join("tmp"), src.fs.quota())
+                copy_dirs(
+                    &src,
+                    &dir.join("workspace"),
+                    &dir.join("tmp"),
+                    src.fs.quota(),
+                )
             })
             .await
             .unwrap_or_else(|e| Err(format!("copying panicked: {e}")))?
@@ -358,9 +365,8 @@ impl Wasmbox {
                 if !from.is_file() {
                     continue;
                 }
-                std::fs::copy(&from, &to).map_err(|e| {
-                    format!("copying the saved {} session: {e}", language.name())
-                })?
+                std::fs::copy(&from, &to)
+                    .map_err(|e| format!("copying the saved {} session: {e}", language.name()))?
             };
             size += bytes;
             languages.push(language);
@@ -427,7 +433,10 @@ fn copy_dirs(
     quota: crate::engine::disk::Quota,
 ) -> std::result::Result<Copied, String> {
     copy_pair(
-        [(src.fs.host_workspace(), ws.to_path_buf()), (src.fs.host_tmp(), tmp.to_path_buf())],
+        [
+            (src.fs.host_workspace(), ws.to_path_buf()),
+            (src.fs.host_tmp(), tmp.to_path_buf()),
+        ],
         quota,
     )
 }
@@ -439,7 +448,10 @@ fn copy_into(
     dst: &Sandbox,
 ) -> std::result::Result<Copied, String> {
     copy_pair(
-        [(ws.to_path_buf(), dst.fs.host_workspace()), (tmp.to_path_buf(), dst.fs.host_tmp())],
+        [
+            (ws.to_path_buf(), dst.fs.host_workspace()),
+            (tmp.to_path_buf(), dst.fs.host_tmp()),
+        ],
         dst.fs.quota(),
     )
 }

@@ -119,6 +119,22 @@ async fn a_sigterm_and_a_restart_keep_variables() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn with_save_every_call_even_a_killed_server_keeps_variables() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, pid) = stdio(data.path(), &[("WASMBOX_SAVE_EVERY_CALL", "1")]).await;
+    let id = create_sandbox(&c, json!({"template_id": "python"})).await;
+    run(&c, &id, "python", "x = 'saved'").await;
+    run(&c, &id, "python", "x += ' twice'").await;
+    // SAFETY: sending SIGKILL to the child server we started: nothing is saved on the way out.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    wait_gone(pid).await;
+
+    let (c, _) = stdio(data.path(), &[]).await;
+    let v = run(&c, &id, "python", "print(x)").await;
+    assert_eq!(v["stdout"], "saved twice\n", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_call_running_at_shutdown_ends_its_session_and_the_next_server_says_so() {
     let data = tempfile::tempdir().unwrap();
     let (c, pid) = stdio(data.path(), &[]).await;
@@ -138,7 +154,10 @@ async fn a_call_running_at_shutdown_ends_its_session_and_the_next_server_says_so
     let (c, _) = stdio(data.path(), &[]).await;
     let v = run(&c, &id, "python", "print('x' in globals())").await;
     assert_eq!(v["stdout"], "False\n", "{v}");
-    assert!(notes(&v).contains("not saved when the server last stopped"), "{v}");
+    assert!(
+        notes(&v).contains("not saved when the server last stopped"),
+        "{v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -170,11 +189,29 @@ async fn a_fork_sees_the_parents_variables_and_files_then_each_goes_its_own_way(
     assert_eq!(v["stdout"], "parent one\n", "{v}");
 
     // Each changes its own copy only.
-    run(&c, &child, "python", "x = 'child'\nopen('/workspace/f.txt', 'w').write('child')").await;
+    run(
+        &c,
+        &child,
+        "python",
+        "x = 'child'\nopen('/workspace/f.txt', 'w').write('child')",
+    )
+    .await;
     run(&c, &parent, "python", "df['a'] = 0").await;
-    let v = run(&c, &parent, "python", "print(x, open('/workspace/f.txt').read(), int(df.a.sum()))").await;
+    let v = run(
+        &c,
+        &parent,
+        "python",
+        "print(x, open('/workspace/f.txt').read(), int(df.a.sum()))",
+    )
+    .await;
     assert_eq!(v["stdout"], "41 parent 0\n", "{v}");
-    let v = run(&c, &child, "python", "print(x, open('/workspace/f.txt').read(), int(df.a.sum()))").await;
+    let v = run(
+        &c,
+        &child,
+        "python",
+        "print(x, open('/workspace/f.txt').read(), int(df.a.sum()))",
+    )
+    .await;
     assert_eq!(v["stdout"], "child child 49995000\n", "{v}");
 
     // A fork draws its own random numbers.
@@ -182,12 +219,18 @@ async fn a_fork_sees_the_parents_variables_and_files_then_each_goes_its_own_way(
     let a = run(&c, &parent, "python", draw).await;
     let b = run(&c, &child, "python", draw).await;
     assert_eq!(a["exit_code"], 0, "{a}");
-    assert_ne!(a["stdout"], b["stdout"], "the fork repeats its parent's random numbers");
+    assert_ne!(
+        a["stdout"], b["stdout"],
+        "the fork repeats its parent's random numbers"
+    );
     let draw = "console.log(Math.random())";
     let a = run(&c, &parent, "javascript", draw).await;
     let b = run(&c, &child, "javascript", draw).await;
     assert_eq!(a["exit_code"], 0, "{a}");
-    assert_ne!(a["stdout"], b["stdout"], "the fork repeats its parent's Math.random");
+    assert_ne!(
+        a["stdout"], b["stdout"],
+        "the fork repeats its parent's Math.random"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -195,14 +238,26 @@ async fn a_sandbox_from_a_snapshot_has_the_snapshots_state_not_the_sources_later
     let data = tempfile::tempdir().unwrap();
     let (c, _) = stdio(data.path(), &[]).await;
     let src = create_sandbox(&c, json!({"template_id": "python"})).await;
-    run(&c, &src, "python", "x = 'snap'\nopen('/workspace/f', 'w').write('v1')").await;
+    run(
+        &c,
+        &src,
+        "python",
+        "x = 'snap'\nopen('/workspace/f', 'w').write('v1')",
+    )
+    .await;
     let snap = ok(&c, "snapshot_sandbox", json!({"sandbox_id": src})).await;
     let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
     assert_eq!(snap["sandbox_id"], src.as_str(), "{snap}");
     assert_eq!(snap["languages"], json!(["python"]), "{snap}");
     assert!(snap["size_bytes"].as_u64().unwrap() > 0, "{snap}");
     // The source runs on, and moves on.
-    run(&c, &src, "python", "x = 'later'\nopen('/workspace/f', 'w').write('v2')").await;
+    run(
+        &c,
+        &src,
+        "python",
+        "x = 'later'\nopen('/workspace/f', 'w').write('v2')",
+    )
+    .await;
 
     let listed = ok(&c, "list_snapshots", json!({})).await;
     assert_eq!(listed["count"], 1, "{listed}");
@@ -279,7 +334,10 @@ async fn idle_sessions_and_those_past_the_live_cap_go_to_disk_and_come_back() {
     let data = tempfile::tempdir().unwrap();
     let (c, _) = stdio(
         data.path(),
-        &[("WASMBOX_LIVE_SESSIONS", "2"), ("WASMBOX_IDLE_PAUSE_S", "1")],
+        &[
+            ("WASMBOX_LIVE_SESSIONS", "2"),
+            ("WASMBOX_IDLE_PAUSE_S", "1"),
+        ],
     )
     .await;
     let mut ids = Vec::new();
@@ -303,7 +361,10 @@ async fn idle_sessions_and_those_past_the_live_cap_go_to_disk_and_come_back() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn snapshots_and_forks_are_owner_scoped_and_within_quota() {
-    let (a_tok, b_tok) = ("durable-token-aaaaaaaaaaaaaaaa", "durable-token-bbbbbbbbbbbbbbbb");
+    let (a_tok, b_tok) = (
+        "durable-token-aaaaaaaaaaaaaaaa",
+        "durable-token-bbbbbbbbbbbbbbbb",
+    );
     let tokens = format!("{a_tok},{b_tok}");
     let server = HttpServer::start(
         &[
@@ -374,7 +435,13 @@ async fn a_thousand_sandboxes_keep_their_variables() {
     let mut ids = Vec::with_capacity(n);
     for i in 0..n {
         let id = create_sandbox(&c, json!({"template_id": "python"})).await;
-        let v = run(&c, &id, "python", &format!("import pandas as pd\nmine = {i}")).await;
+        let v = run(
+            &c,
+            &id,
+            "python",
+            &format!("import pandas as pd\nmine = {i}"),
+        )
+        .await;
         assert_eq!(v["exit_code"], 0, "{v}");
         ids.push(id);
     }
@@ -384,7 +451,10 @@ async fn a_thousand_sandboxes_keep_their_variables() {
     }
     let end = rss_kib(pid);
     eprintln!("{n} sandboxes: idle RSS {idle} KiB, at the end {end} KiB");
-    assert!(end <= 2 * idle, "RSS {end} KiB is over twice the idle {idle} KiB");
+    assert!(
+        end <= 2 * idle,
+        "RSS {end} KiB is over twice the idle {idle} KiB"
+    );
 }
 
 fn rss_kib(pid: u32) -> u64 {

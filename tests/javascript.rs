@@ -7,9 +7,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
+use serde_json::{Value, json};
 use wasmbox::lang::javascript::JsRuntime;
 use wasmbox::lang::session::SessionRuntime;
-use serde_json::{Value, json};
 
 async fn js(c: &Client, code: &str) -> Value {
     let r = call(
@@ -183,13 +183,22 @@ fn session_keeps_state_across_calls() {
     on_guest_stack(move || {
         let t = Duration::from_secs(10);
         let mut s = js.start(&req).unwrap();
-        assert_eq!(JsRuntime::eval(&mut s, "let x = 1; const f = (a) => a * 2;", t).stdout, "");
+        assert_eq!(
+            JsRuntime::eval(&mut s, "let x = 1; const f = (a) => a * 2;", t).stdout,
+            ""
+        );
         assert_eq!(JsRuntime::eval(&mut s, "x + 1", t).stdout, "2\n");
-        assert_eq!(JsRuntime::eval(&mut s, "x = f(x + 20); x", t).stdout, "42\n");
+        assert_eq!(
+            JsRuntime::eval(&mut s, "x = f(x + 20); x", t).stdout,
+            "42\n"
+        );
         let r = JsRuntime::eval(&mut s, "throw new Error('oops')", t);
         assert_eq!(r.exit_code, 1);
         assert!(s.alive(), "an exception does not end the session");
-        assert_eq!(JsRuntime::eval(&mut s, "'still ' + x", t).stdout, "'still 42'\n");
+        assert_eq!(
+            JsRuntime::eval(&mut s, "'still ' + x", t).stdout,
+            "'still 42'\n"
+        );
         let r = JsRuntime::eval(&mut s, "while (true) {}", Duration::from_millis(300));
         assert_eq!(r.limit, Some(wasmbox::LimitHit::Timeout));
         assert!(!s.alive(), "a trapped session must be replaced");

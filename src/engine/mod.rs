@@ -6,11 +6,13 @@ pub mod cpu;
 pub mod disk;
 pub mod epoch;
 mod error;
+pub mod globals;
 pub mod limits;
 pub mod pool;
 pub mod prefault;
 pub mod progress;
 pub mod snapshot;
+pub mod state;
 pub mod threads;
 
 use std::time::Duration;

@@ -92,35 +92,17 @@ impl PageSet {
     /// The pages of `[base, base + len)` that this process has written (present, private and
     /// mapped only here), and with `reads` those mapped but still the image's. Runs are exact:
     /// copying pages in a gap costs more than another `madvise` call (measured).
-    #[cfg(target_os = "linux")]
     fn measure(base: *const u8, len: usize, reads: bool) -> std::io::Result<Self> {
-        use std::os::unix::fs::FileExt;
-        let start = base as usize;
-        if !start.is_multiple_of(PAGE) {
-            return Err(std::io::Error::other("linear memory is not page-aligned"));
-        }
-        let mut raw = vec![0u8; len / PAGE * 8];
-        std::fs::File::open("/proc/self/pagemap")?
-            .read_exact_at(&mut raw, (start / PAGE * 8) as u64)?;
         let mut set = Self::default();
-        for (i, e) in raw.chunks_exact(8).enumerate() {
-            let e = u64::from_ne_bytes(e.try_into().expect("8 bytes"));
-            // Bit 63: present; 61: a file page (still the image's); 56: mapped only here (the
-            // shared zero page, mapped by reads of memory past the image, is not).
-            let present = e >> 63 & 1 == 1;
-            let file = e >> 61 & 1 == 1;
-            if present && !file && e >> 56 & 1 == 1 {
+        for (i, e) in pagemap(base, len / PAGE)?.into_iter().enumerate() {
+            // The shared zero page, mapped by reads of memory past the image, is not exclusive.
+            if e & PM_PRESENT != 0 && e & PM_FILE == 0 && e & PM_EXCLUSIVE != 0 {
                 push_page(&mut set.runs, i * PAGE);
-            } else if reads && present && file {
+            } else if reads && e & PM_PRESENT != 0 && e & PM_FILE != 0 {
                 push_page(&mut set.reads, i * PAGE);
             }
         }
         Ok(set)
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    fn measure(_: *const u8, _: usize, _: bool) -> std::io::Result<Self> {
-        Err(std::io::Error::other("pre-faulting needs Linux"))
     }
 
     /// [`PageSet::measure`] of a wasm linear memory's accessible part.
@@ -160,12 +142,42 @@ impl PageSet {
     }
 }
 
+/// Pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst): the page is in RAM; it is
+/// swapped out (or another swap-type entry, such as a page being migrated); it is a page of a
+/// file or shared memory (here: still the image's); it is mapped only by this process.
+pub const PM_PRESENT: u64 = 1 << 63;
+pub const PM_SWAP: u64 = 1 << 62;
+pub const PM_FILE: u64 = 1 << 61;
+pub const PM_EXCLUSIVE: u64 = 1 << 56;
+
+/// The `/proc/self/pagemap` entries of the `pages` 4 KiB pages from `base` (page-aligned).
+#[cfg(target_os = "linux")]
+pub fn pagemap(base: *const u8, pages: usize) -> std::io::Result<Vec<u64>> {
+    use std::os::unix::fs::FileExt;
+    let start = base as usize;
+    if !start.is_multiple_of(PAGE) {
+        return Err(std::io::Error::other("linear memory is not page-aligned"));
+    }
+    let mut raw = vec![0u8; pages * 8];
+    std::fs::File::open("/proc/self/pagemap")?
+        .read_exact_at(&mut raw, (start / PAGE * 8) as u64)?;
+    Ok(raw
+        .chunks_exact(8)
+        .map(|e| u64::from_ne_bytes(e.try_into().expect("8 bytes")))
+        .collect())
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn pagemap(_: *const u8, _: usize) -> std::io::Result<Vec<u64>> {
+    Err(std::io::Error::other("/proc/self/pagemap is Linux's"))
+}
+
 /// `madvise(advice)` on each run within `len` bytes of `base`; false once one fails.
 ///
 /// # Safety
 /// As [`PageSet::populate`], with an advice that only faults pages in.
 #[cfg(target_os = "linux")]
-unsafe fn advise(runs: &[Range<usize>], base: *mut u8, len: usize, advice: i32) -> bool {
+pub(crate) unsafe fn advise(runs: &[Range<usize>], base: *mut u8, len: usize, advice: i32) -> bool {
     for r in runs {
         let end = r.end.min(len);
         if end <= r.start {

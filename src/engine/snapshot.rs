@@ -8,7 +8,12 @@ use wasmtime_wizer::{WasmtimeWizer, Wizer};
 use super::cache::with_progress;
 use super::{EngineError as Error, Result};
 
-/// Instruments `wasm`, lets `warm` instantiate and run it on `engine`, and returns the snapshot.
+/// What [`build`] makes of wizer's output, in every image cache key: a change to it must not
+/// reuse images built before. 2: mutable globals exported (`engine::globals`).
+pub const IMAGE_FORMAT: &str = "wasmbox-image-format-2";
+
+/// Instruments `wasm`, lets `warm` instantiate and run it on `engine`, and returns the snapshot
+/// with its mutable globals exported, so sessions' state can be captured and restored.
 ///
 /// `warm` gets the instrumented module and must return the store and instance after the
 /// warm-up. It must use the production imports and the production preopen layout: the guest's
@@ -46,5 +51,7 @@ pub fn build<T: Send + 'static, E: From<Error>>(
             instance,
         },
     ))
-    .map_err(|e| Error::Wasm(format!("snapshotting {label}: {e:#}")).into())
+    .map_err(|e| Error::Wasm(format!("snapshotting {label}: {e:#}")))
+    .and_then(|image| super::globals::export_globals(&image))
+    .map_err(E::from)
 }

@@ -371,6 +371,8 @@ fn init(store: &mut Store<GuestState>, instance: &Instance) -> wasmtime::Result<
 pub fn image_key(module_sha: &str) -> String {
     let mut d = Sha256::new();
     d.update(b"wasmbox-javascript-image-v1\0");
+    d.update(snapshot::IMAGE_FORMAT.as_bytes());
+    d.update(b"\0");
     d.update(module_sha.as_bytes());
     hex::encode(d.finalize())
 }

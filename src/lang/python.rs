@@ -22,10 +22,10 @@ use super::guest::{
 use super::session::{Session, SessionRuntime, StateKeyCell};
 use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
-use crate::engine::state::StateKey;
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Polish, Pool, PoolStats};
 use crate::engine::prefault::PageSet;
+use crate::engine::state::StateKey;
 use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, snapshot};
 
@@ -1004,8 +1004,13 @@ impl Shared {
         place: Option<&super::Place>,
         clock: Duration,
     ) -> Result<(Guest, Instance)> {
-        let mut guest =
-            Guest::unarmed_at(&self.engine, &self.paths.spec(), &BTreeMap::new(), place, clock)?;
+        let mut guest = Guest::unarmed_at(
+            &self.engine,
+            &self.paths.spec(),
+            &BTreeMap::new(),
+            place,
+            clock,
+        )?;
         let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
         Ok((guest, instance))
     }
@@ -1243,6 +1248,7 @@ pub fn image_key(module_sha: &str, stdlib_sha: &str, preimport: &[String]) -> St
     let mut d = Sha256::new();
     for part in [
         "wasmbox-python-image-v2",
+        snapshot::IMAGE_FORMAT,
         module_sha,
         stdlib_sha,
         PROLOGUE,

@@ -160,7 +160,10 @@ impl StateKeyCell {
             .get_or_init(|| {
                 let path = self.image.as_ref().map_err(Clone::clone)?;
                 let sha = sha256_file(path).map_err(|e| {
-                    format!("the compiled image {} could not be read: {e}", path.display())
+                    format!(
+                        "the compiled image {} could not be read: {e}",
+                        path.display()
+                    )
                 })?;
                 Ok(Arc::new(StateKey::new(sha, self.language.as_str())))
             })
@@ -170,7 +173,10 @@ impl StateKeyCell {
     /// Hashes the image now, on a low-priority thread of its own (once: when the first
     /// session starts, so one-shots never pay for it).
     pub fn prepare(self: &Arc<Self>) {
-        if self.image.is_err() || self.preparing.swap(true, std::sync::atomic::Ordering::AcqRel)
+        if self.image.is_err()
+            || self
+                .preparing
+                .swap(true, std::sync::atomic::Ordering::AcqRel)
         {
             return;
         }

@@ -119,7 +119,11 @@ impl Watch {
 
     /// The guest's monotonic clock now, in nanoseconds.
     pub fn clock_ns(&self) -> u64 {
-        self.origin.elapsed().as_nanos().try_into().unwrap_or(u64::MAX)
+        self.origin
+            .elapsed()
+            .as_nanos()
+            .try_into()
+            .unwrap_or(u64::MAX)
     }
 
     pub fn deadline(&self) -> Instant {

@@ -16,8 +16,8 @@
 //! `<data>/quarantine/<id>-<unix time>/` with the reason, listed to the local user and removed
 //! only by `delete_sandbox`.
 
-pub mod fs;
 pub mod copy;
+pub mod fs;
 pub mod jobs;
 pub mod sessions;
 pub mod snapshots;
@@ -864,7 +864,7 @@ impl Sandboxes {
             meta.env,
             fs,
         );
-        tracing::info!(sandbox = %id, "adopted a sandbox from an earlier run (its files; interpreters start afresh)");
+        tracing::info!(sandbox = %id, "adopted a sandbox from an earlier run (its files, and its saved sessions on their next calls)");
         let mut map = self.map.lock().unwrap();
         // Another request may have adopted it meanwhile; the lock makes that impossible across
         // processes, the map check covers this one.

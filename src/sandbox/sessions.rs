@@ -190,9 +190,8 @@ pub fn call(
     let session = slot.session.as_mut().expect("just started");
     // A panic inside a host function leaves the session's store in an unknown state: drop the
     // session (its files stay) and fail this call only.
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rt.call(session, req, rich)
-    }));
+    let run =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.call(session, req, rich)));
     let mut r = match run {
         Ok(r) => r,
         Err(_) => {
@@ -220,7 +219,9 @@ pub fn call(
         // Saved after an earlier call: the next one starts fresh, as the note says.
         let _ = std::fs::remove_file(state_path);
     } else if save_after && let Err(e) = save(rt, session, state_path) {
-        notes.push(format!("the {name} session could not be saved after this call: {e}"));
+        notes.push(format!(
+            "the {name} session could not be saved after this call: {e}"
+        ));
     }
     slot.last_used = Some(std::time::Instant::now());
     notes.append(&mut r.notes);

@@ -43,7 +43,8 @@ pub struct CreateSandboxArgs {
     pub internet_access: Option<bool>,
     /// Environment variables every execution in the sandbox sees.
     #[serde(default, deserialize_with = "lenient_opt")]
-    pub env_vars: Option<BTreeMap<String, String>>,    /// Start from this snapshot (snapshot_sandbox): its files, env and session variables. The
+    pub env_vars: Option<BTreeMap<String, String>>,
+    /// Start from this snapshot (snapshot_sandbox): its files, env and session variables. The
     /// sandbox gets the snapshot's template; leave template_id out or give the same one.
     #[serde(default)]
     pub from_snapshot: Option<String>,

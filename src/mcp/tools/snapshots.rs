@@ -89,7 +89,10 @@ impl WasmboxServer {
         annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false),
         output_schema = schema::<SandboxReply>()
     )]
-    async fn fork_sandbox(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<SandboxReply> {
+    async fn fork_sandbox(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+    ) -> ToolResult<SandboxReply> {
         let (sb, notes) = self
             .wasmbox
             .fork_sandbox(&a.sandbox_id, &self.owner)
@@ -158,7 +161,14 @@ impl WasmboxServer {
             .sandboxes()
             .snapshots
             .delete(&a.snapshot_id, &self.owner)
-            .map_err(|e| failed("Failed to delete snapshot", "snapshot_id", &a.snapshot_id, e.into()))?;
+            .map_err(|e| {
+                failed(
+                    "Failed to delete snapshot",
+                    "snapshot_id",
+                    &a.snapshot_id,
+                    e.into(),
+                )
+            })?;
         Ok(Reply::new(SnapshotDeleted {
             snapshot_id: a.snapshot_id,
             deleted: true,
