@@ -364,7 +364,9 @@ open('/workspace/data.csv', 'w').write(df.head(2000).to_csv())";
         .block_on(wb.execute_in(&sb, wb.request(opts("python", setup)).unwrap(), None, false))
         .unwrap();
     assert_eq!(r.exit_code, 0, "{}", r.stderr);
-    let see = wb.request(opts("python", "assert len(df) == 10000")).unwrap();
+    let see = wb
+        .request(opts("python", "assert len(df) == 10000"))
+        .unwrap();
     let turn = |id: &str| {
         let sb = wb.sandboxes().get(id, LOCAL_OWNER).unwrap();
         let r = rt
@@ -374,7 +376,9 @@ open('/workspace/data.csv', 'w').write(df.head(2000).to_csv())";
     };
     let (_, notes) = rt.block_on(wb.pause_sandbox(&sb.id, LOCAL_OWNER)).unwrap();
     eprintln!("durable: {}", notes.join("; "));
-    wb.sandboxes().set_paused(&sb.id, LOCAL_OWNER, false).unwrap();
+    wb.sandboxes()
+        .set_paused(&sb.id, LOCAL_OWNER, false)
+        .unwrap();
     turn(&sb.id);
 
     let mut g = c.benchmark_group("durable");
@@ -392,7 +396,9 @@ open('/workspace/data.csv', 'w').write(df.head(2000).to_csv())";
                 let t = Instant::now();
                 rt.block_on(wb.pause_sandbox(&sb.id, LOCAL_OWNER)).unwrap();
                 spent += t.elapsed();
-                wb.sandboxes().set_paused(&sb.id, LOCAL_OWNER, false).unwrap();
+                wb.sandboxes()
+                    .set_paused(&sb.id, LOCAL_OWNER, false)
+                    .unwrap();
                 turn(&sb.id);
             }
             spent
@@ -404,7 +410,9 @@ open('/workspace/data.csv', 'w').write(df.head(2000).to_csv())";
             for _ in 0..iters {
                 rt.block_on(wb.pause_sandbox(&sb.id, LOCAL_OWNER)).unwrap();
                 let t = Instant::now();
-                wb.sandboxes().set_paused(&sb.id, LOCAL_OWNER, false).unwrap();
+                wb.sandboxes()
+                    .set_paused(&sb.id, LOCAL_OWNER, false)
+                    .unwrap();
                 turn(&sb.id);
                 spent += t.elapsed();
             }
