@@ -54,7 +54,7 @@ async def main() -> int:
         await run(s, sid, "import pandas as pd\ndf = pd.DataFrame({'a': range(10000)})\nx = 41")
         await run(s, sid, "var y = 'js kept'", "javascript")
         res, p = await call(s, "pause_sandbox", {"id": sid})
-        report(not res.isError and p["status"] == "paused", "pause", p.get("notes"))
+        report(not res.is_error and p["status"] == "paused", "pause", p.get("notes"))
         await call(s, "resume_sandbox", {"id": sid})
         o = await run(s, sid, "print(x + 1, len(df))")
         report(o["stdout"] == "42 10000\n", "resume keeps the DataFrame", o)

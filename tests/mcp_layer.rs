@@ -324,3 +324,27 @@ async fn hopx_prompt_is_served() {
     );
     c.cancel().await.unwrap();
 }
+
+/// An error answers in its text block alone: the TypeScript SDK (the MCP Inspector CLI) checks
+/// any `structuredContent` against the tool's output schema, errors included, and reported our
+/// not-found as "-32602: Structured content does not match the tool's output schema".
+#[tokio::test]
+async fn errors_carry_no_structured_content() {
+    let c = server().await;
+    for (tool, args) in [
+        ("get_sandbox", json!({"id": "bogus"})),
+        ("delete_snapshot", json!({"snapshot_id": "../../etc"})),
+        ("execute_code", json!({"code": "1", "language": "cobol"})),
+        ("file_read", json!({"sandbox_id": "nope", "path": "a"})),
+    ] {
+        let r = call(&c, tool, args).await;
+        assert!(is_error(&r), "{tool}: {:?}", r.content);
+        assert!(
+            r.structured_content.is_none(),
+            "{tool}: {:?}",
+            r.structured_content
+        );
+        let v = object(&r);
+        assert!(v["error"].is_string(), "{tool}: {v}");
+    }
+}

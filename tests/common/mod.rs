@@ -55,12 +55,9 @@ pub async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
         .unwrap_or_else(|e| panic!("tools/call {tool} failed at the protocol level: {e}"))
 }
 
-/// The result object: `structuredContent`, checked to be the same as the JSON text block.
+/// The result object: the JSON text block, checked to be the same as `structuredContent`, which
+/// a success always has and an error never (clients validate it against the output schema).
 pub fn object(r: &CallToolResult) -> Value {
-    let structured = r
-        .structured_content
-        .clone()
-        .expect("structuredContent is set");
     let text = r
         .content
         .first()
@@ -68,8 +65,19 @@ pub fn object(r: &CallToolResult) -> Value {
         .map(|t| t.text.clone())
         .expect("a text content block");
     let parsed: Value = serde_json::from_str(&text).expect("the text block is JSON");
-    assert_eq!(parsed, structured, "text block and structuredContent agree");
-    structured
+    if is_error(r) {
+        assert!(
+            r.structured_content.is_none(),
+            "an error carries no structuredContent: {parsed}"
+        );
+    } else {
+        let structured = r
+            .structured_content
+            .clone()
+            .expect("structuredContent is set");
+        assert_eq!(parsed, structured, "text block and structuredContent agree");
+    }
+    parsed
 }
 
 pub fn is_error(r: &CallToolResult) -> bool {

@@ -89,7 +89,7 @@ mod tests {
             match parse_tool_args(name, json!({"sandbox_id": 1})) {
                 Ok(()) => {}
                 Err(r) => assert_eq!(
-                    r.structured_content.unwrap()["error"],
+                    crate::mcp::tools::reply::text_json(&r).unwrap()["error"],
                     "Invalid arguments",
                     "{name} has no parser here"
                 ),

@@ -173,7 +173,10 @@ impl WasmboxServer {
     ) -> CallToolResult {
         const BAD_ARGS: &str = "failed to deserialize parameters: ";
         match answer {
-            Ok(CallToolResponse::Complete(r)) if r.structured_content.is_none() => {
+            // Ours always carry a JSON object; rmcp's argument errors carry prose.
+            Ok(CallToolResponse::Complete(r))
+                if r.is_error == Some(true) && reply::text_json(&r).is_none() =>
+            {
                 let text = r
                     .content
                     .first()

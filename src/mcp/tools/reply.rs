@@ -98,10 +98,17 @@ pub fn ok_result(value: Value) -> CallToolResult {
     r
 }
 
+/// An error goes as its text block only: the TypeScript SDK (the MCP Inspector, and the clients
+/// built on it) validates any `structuredContent` against the tool's output schema, errors
+/// included, and then reports a protocol error instead of ours.
 pub fn error_result(value: Value) -> CallToolResult {
-    let mut r = CallToolResult::error(vec![ContentBlock::text(pretty(&value))]);
-    r.structured_content = Some(value);
-    r
+    CallToolResult::error(vec![ContentBlock::text(pretty(&value))])
+}
+
+/// The JSON object a result's text block carries (every answer of ours has one).
+pub fn text_json(r: &CallToolResult) -> Option<Value> {
+    let text = r.content.first()?.as_text()?;
+    serde_json::from_str(&text.text).ok()
 }
 
 pub fn pretty(v: &Value) -> String {
