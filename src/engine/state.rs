@@ -27,6 +27,9 @@ const MAX_MEMORY: u64 = 1 << 32;
 /// Room for everything but the pages in a decoded body (globals, metadata, run tables).
 const BODY_SLACK: u64 = 64 << 20;
 
+/// The longest metadata key or value.
+const MAX_META: usize = 1 << 20;
+
 const MAGIC: &[u8; 8] = b"WBXSTATE";
 const FORMAT_VERSION: u32 = 1;
 /// Fast over ratio: pausing is on a session's path, and most of a heap compresses anyway.
@@ -93,7 +96,8 @@ pub struct InstanceState {
     globals: Vec<(u32, GlobalValue)>,
     /// A monotonic-clock reading (nanoseconds) the caller took with the state, carried as is.
     pub clock_ns: u64,
-    /// Free-form facts for the caller, carried as is. Meant to be small.
+    /// Free-form facts for the caller, carried as is. Small: a key or value over 1 MiB would
+    /// make the file unreadable.
     pub meta: BTreeMap<String, String>,
 }
 
@@ -188,7 +192,9 @@ fn private(entry: u64) -> bool {
 }
 
 /// Captures `instance`'s state: `memory` (its only linear memory) and its exported
-/// `wasmbox:global:N` globals. A global holding a reference cannot be captured.
+/// `wasmbox:global:N` globals. A global holding a reference cannot be captured. Without the
+/// pagemap (not Linux, or refused) every page is read and each one not zero is saved: slower
+/// and bigger, but as exact.
 pub fn capture(
     store: impl AsContextMut,
     instance: &Instance,
@@ -204,7 +210,7 @@ fn capture_with(
     scan: Scan,
 ) -> Result<InstanceState> {
     let mut store = store.as_context_mut();
-    rewritten(&mut store, instance, "capture")?;
+    rewritten(&mut store, instance, memory, "capture")?;
     let mut globals = Vec::new();
     for (index, global) in exported_globals(&mut store, instance) {
         if global.ty(&store).mutability() == Mutability::Const {
@@ -261,16 +267,26 @@ fn capture_with(
     Ok(state)
 }
 
-/// Refuses an instance of a module `engine::globals` has not rewritten: its mutable globals,
-/// unexported, would be left out.
-fn rewritten(mut store: impl AsContextMut, instance: &Instance, verb: &str) -> Result<()> {
-    match instance.get_memory(&mut store, MEMORY_EXPORT) {
-        Some(_) => Ok(()),
-        None => Err(Error::Wasm(format!(
+/// Refuses an instance of a module `engine::globals` has not rewritten (its mutable globals,
+/// unexported, would be left out), and a memory that is not the instance's memory 0.
+fn rewritten(
+    mut store: impl AsContextMut,
+    instance: &Instance,
+    memory: Memory,
+    verb: &str,
+) -> Result<()> {
+    let Some(ours) = instance.get_memory(&mut store, MEMORY_EXPORT) else {
+        return Err(Error::Wasm(format!(
             "cannot {verb}: the instance's module does not export its globals (not an image \
              built by engine::snapshot::build)"
-        ))),
+        )));
+    };
+    if ours.data_ptr(&store) != memory.data_ptr(&store) {
+        return Err(Error::Wasm(format!(
+            "cannot {verb}: the memory given is not the instance's memory 0"
+        )));
     }
+    Ok(())
 }
 
 /// The instance's `wasmbox:global:N` exports, by index.
@@ -300,7 +316,7 @@ pub fn restore(
     };
 
     // Everything checked before anything changes.
-    rewritten(&mut store, instance, "restore")?;
+    rewritten(&mut store, instance, memory, "restore")?;
     let globals = exported_globals(&mut store, instance)
         .into_iter()
         .filter(|(_, g)| g.ty(&store).mutability() == Mutability::Var)
@@ -436,7 +452,10 @@ pub enum StateError {
     #[error("the state file is corrupted or truncated (its checksum does not match)")]
     Corrupted,
     #[error("the state is from another image: it was saved from {found}, and this is {expected}")]
-    OtherImage { found: StateKey, expected: StateKey },
+    OtherImage {
+        found: Box<StateKey>,
+        expected: Box<StateKey>,
+    },
     #[error("malformed state file: {0}")]
     Malformed(String),
 }
@@ -501,9 +520,9 @@ impl<R: Read> In<R> {
         }
         Ok(v)
     }
-    fn str(&mut self, max: u32) -> Result<String, StateError> {
+    fn str(&mut self, max: usize) -> Result<String, StateError> {
         let n = self.u32()?;
-        if n > max {
+        if n as usize > max {
             return Err(malformed(format!("a {n}-byte string")));
         }
         String::from_utf8(self.vec(n.into())?).map_err(|_| malformed("a string is not UTF-8"))
@@ -559,6 +578,10 @@ impl InstanceState {
         body.u64(self.clock_ns);
         body.u32(u32::try_from(self.meta.len()).expect("metadata entries"));
         for (k, v) in &self.meta {
+            debug_assert!(
+                k.len().max(v.len()) <= MAX_META,
+                "metadata too big to read back"
+            );
             body.str(k);
             body.str(v);
         }
@@ -619,8 +642,8 @@ impl InstanceState {
         };
         if key != *expected {
             return Err(StateError::OtherImage {
-                found: key,
-                expected: expected.clone(),
+                found: Box::new(key),
+                expected: Box::new(expected.clone()),
             });
         }
         let decoder = zstd::stream::read::Decoder::with_buffer(header.0)
@@ -639,8 +662,8 @@ impl InstanceState {
         let clock_ns = body.u64()?;
         let mut meta = BTreeMap::new();
         for _ in 0..body.u32()? {
-            let k = body.str(1 << 20)?;
-            let v = body.str(1 << 20)?;
+            let k = body.str(MAX_META)?;
+            let v = body.str(MAX_META)?;
             if meta.insert(k, v).is_some() {
                 return Err(malformed("a metadata key twice"));
             }
@@ -804,7 +827,10 @@ mod tests {
         }
 
         fn capture(&mut self, scan: Scan) -> Result<InstanceState> {
-            capture_with(&mut self.store, &self.instance, self.memory, scan)
+            match scan {
+                Scan::Pagemap => capture(&mut self.store, &self.instance, self.memory),
+                Scan::Full => capture_with(&mut self.store, &self.instance, self.memory, scan),
+            }
         }
 
         fn restore(&mut self, state: &InstanceState) -> Result<()> {
@@ -892,7 +918,11 @@ mod tests {
                 state.zero_pages() <= 2,
                 "{label}: at most the zero pages read or written (31, 40): {state:?}"
             );
-            assert_eq!(&state.data[..12], b"imag\x01\0\0\0 0\0\0");
+            assert_eq!(
+                &state.data[..12],
+                b"image pa\x01\0\0\0",
+                "{label}: this instance's page"
+            );
 
             // Without the pagemap every page is read: those not zero are saved, and the zero
             // pages (the image might hold data there) are listed.
@@ -951,7 +981,14 @@ mod tests {
             .to_string();
         assert!(err.contains("another image"), "{err}");
 
-        let other = build_image(&GUEST.replace("(global $f (mut f64)", "(global $f (mut f32)"));
+        let other = build_image(
+            r#"(module
+                (memory (export "memory") 4)
+                (global (mut i32) (i32.const 0))
+                (global (mut i64) (i64.const 0))
+                (global (mut f32) (f32.const 0))
+                (func (export "warm")))"#,
+        );
         let (_, other) = setups(&other).remove(0);
         let err = Guest::new(&other).restore(&state).unwrap_err().to_string();
         assert!(err.contains("another image"), "{err}");
@@ -960,6 +997,17 @@ mod tests {
         fewer.globals.pop();
         let err = Guest::new(&module).restore(&fewer).unwrap_err().to_string();
         assert!(err.contains("another image"), "{err}");
+
+        let mut c = Guest::new(&module);
+        let stray = Memory::new(&mut c.store, wasmtime::MemoryType::new(4, None)).unwrap();
+        let err = capture(&mut c.store, &c.instance, stray)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not the instance's memory 0"), "{err}");
+        let err = restore(&mut c.store, &c.instance, stray, &state)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not the instance's memory 0"), "{err}");
 
         // A module the rewrite has not seen: its globals would be missed.
         let plain = Module::new(module.engine(), GUEST).unwrap();
@@ -1154,7 +1202,7 @@ mod tests {
                 "a run past the memory",
                 body(4, |o| {
                     o.runs(&[]);
-                    o.runs(&[60..65]);
+                    o.runs(&[Range { start: 60, end: 65 }]);
                 }),
                 true,
             ),
@@ -1170,7 +1218,7 @@ mod tests {
                 "an empty run",
                 body(4, |o| {
                     o.runs(&[]);
-                    o.runs(&[3..3]);
+                    o.runs(&[Range { start: 3, end: 3 }]);
                 }),
                 true,
             ),
@@ -1179,7 +1227,10 @@ mod tests {
                 "pages missing",
                 body(65536, |o| {
                     o.runs(&[]);
-                    o.runs(&[0..(1 << 20)]);
+                    o.runs(&[Range {
+                        start: 0,
+                        end: 1 << 20,
+                    }]);
                     o.bytes(&[1; 4096]);
                 }),
                 true,
@@ -1255,9 +1306,23 @@ mod tests {
         for (label, module) in setups(&image) {
             for (layout, stride) in [("contiguous", 1), ("every 16th page", 16)] {
                 let mut a = Guest::new(&module);
-                for i in 0..256 {
-                    a.store(i * stride * P + 8, i);
+                // Pseudo-random bytes (xorshift), which compress as little as anything.
+                let mut x = 0x2545_f491_4f6c_dd1du64;
+                let mem = a.memory.data_mut(&mut a.store);
+                for i in 0..256i32 {
+                    let page = &mut mem[(i * stride) as usize * PAGE..][..PAGE];
+                    for w in page.chunks_exact_mut(8) {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        w.copy_from_slice(&x.to_le_bytes());
+                    }
+                    page[8..12].copy_from_slice(&i.to_le_bytes());
                 }
+                let t = Instant::now();
+                let mem = a.memory.data(&a.store);
+                super::super::prefault::pagemap(mem.as_ptr(), mem.len() / PAGE).unwrap();
+                let pagemap = t.elapsed();
                 let t = Instant::now();
                 let state = a.capture(Scan::Pagemap).unwrap();
                 let capture = t.elapsed();
@@ -1279,7 +1344,7 @@ mod tests {
                 let full = a.capture(Scan::Full).unwrap();
                 let full_scan = t.elapsed();
                 eprintln!(
-                    "{label}, {layout}: capture {capture:?} (full scan {full_scan:?}, {} pages), \
+                    "{label}, {layout}: capture {capture:?} (pagemap {pagemap:?}; full scan {full_scan:?}, {} pages), \
                      encode {encode:?} ({} KiB), decode {decode:?}, instantiate \
                      {instantiate:?}, restore {restore:?}",
                     full.saved_pages(),

@@ -16,6 +16,7 @@ use super::files::{FileListArgs, FileUploadArgs, FileWriteArgs, PathArgs, ReadAr
 use super::reply::error_result;
 use super::sandboxes::{CreateSandboxArgs, ListSandboxesArgs, PortArgs, UpdateTimeoutArgs};
 use super::server::{GetTemplateArgs, ListTemplatesArgs, MetricsArgs};
+use super::snapshots::SnapshotArgs;
 use super::{CallToolResult, WasmboxServer};
 
 /// Every tool name the server routes.
@@ -60,13 +61,13 @@ pub fn parse_tool_args(tool: &str, args: Value) -> Result<(), CallToolResult> {
         "file_write" => p::<FileWriteArgs>(tool, args),
         "file_upload" => p::<FileUploadArgs>(tool, args),
         "file_list" => p::<FileListArgs>(tool, args),
-        "env_get" | "env_clear" | "ping_vm" | "get_vm_info" | "get_agent_url" => {
-            p::<SandboxArgs>(tool, args)
-        }
+        "env_get" | "env_clear" | "ping_vm" | "get_vm_info" | "get_agent_url" | "fork_sandbox"
+        | "snapshot_sandbox" => p::<SandboxArgs>(tool, args),
+        "delete_snapshot" => p::<SnapshotArgs>(tool, args),
         "env_set" => p::<EnvSetArgs>(tool, args),
         "run_command" | "run_command_background" => p::<RunCommandArgs>(tool, args),
         // It reads no arguments.
-        "health" => Ok(()),
+        "health" | "list_snapshots" => Ok(()),
         "get_system_metrics" => p::<MetricsArgs>(tool, args),
         "cache_stats" | "cache_clear" => p::<OptionalSandboxArgs>(tool, args),
         "get_preview_url" => p::<PortArgs>(tool, args),
