@@ -204,7 +204,7 @@ impl Config {
                 snapshot_bytes: env_num("WASMBOX_SNAPSHOT_DISK_MB").unwrap_or(2048) as u64
                     * MIB as u64,
                 max_live_sessions: live_sessions(
-                    env_num("WASMBOX_LIVE_SESSIONS").unwrap_or(64),
+                    env_num("WASMBOX_LIVE_SESSIONS").unwrap_or(8),
                     env_num("WASMBOX_POOLED_INSTANCES").unwrap_or(256),
                 ),
             },
