@@ -268,10 +268,16 @@ fn from_unix_ms(ms: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-/// Whether `id` has the shape of our ids (`wb` + 32 hex digits), so it is safe as a path part.
+/// Whether `id` has the shape of our sandbox ids (`wb` + 32 hex digits), so it is safe as a
+/// path part.
 fn valid_id(id: &str) -> bool {
+    has_id_shape(id, "wb")
+}
+
+/// Whether `id` is `prefix` (two letters) and 32 lowercase hex digits.
+fn has_id_shape(id: &str, prefix: &str) -> bool {
     id.len() == 34
-        && id.starts_with("wb")
+        && id.starts_with(prefix)
         && id[2..]
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))

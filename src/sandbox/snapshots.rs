@@ -56,11 +56,7 @@ pub struct Snapshots {
 
 /// Whether `id` has the shape of our snapshot ids (`ws` + 32 hex digits): safe as a path part.
 fn valid_id(id: &str) -> bool {
-    id.len() == 34
-        && id.starts_with("ws")
-        && id[2..]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    super::has_id_shape(id, "ws")
 }
 
 impl Snapshots {
