@@ -73,16 +73,7 @@ impl Wasmbox {
             let Some(slot) = sb.slot(language) else {
                 continue;
             };
-            let guard = tokio::time::timeout(wait, slot.clone().lock_owned())
-                .await
-                .map_err(|_| {
-                    Error::busy(format!(
-                        "a call is still running in the sandbox's {} session after {} s; try \
-                         again once it ends",
-                        language.name(),
-                        wait.as_secs()
-                    ))
-                })?;
+            let guard = hold(slot, language, wait).await?;
             let path = sb.state_path(language);
             if guard.session.is_none() {
                 // Ended by this save's stop (a shutdown): the next server says so.
@@ -178,7 +169,7 @@ impl Wasmbox {
         let mut held = Vec::new();
         for language in SESSION_LANGUAGES {
             let slot = src.slot(language).expect("a slot per session language");
-            held.push((language, hold(slot, language).await?));
+            held.push((language, hold(slot, language, PAUSE_WAIT).await?));
         }
         let child = self.inner.sandboxes.create(
             src.template.id,
@@ -202,17 +193,13 @@ impl Wasmbox {
         for (language, guard) in held {
             if guard.session.is_none() {
                 let from = src.state_path(language);
-                if from.is_file() {
-                    let to = child.state_path(language);
-                    let copied = std::fs::create_dir_all(to.parent().expect("in state/"))
-                        .and_then(|()| std::fs::copy(&from, &to))
-                        .and_then(|_| std::fs::write(sessions::reseed_marker(&to), b""));
-                    if let Err(e) = copied {
-                        notes.push(format!(
-                            "the saved {} session could not be copied ({e}); the fork starts a fresh one",
-                            language.name()
-                        ));
-                    }
+                if from.is_file()
+                    && let Err(e) = sessions::copy_reseeded(&from, &child.state_path(language))
+                {
+                    notes.push(format!(
+                        "the saved {} session could not be copied ({e}); the fork starts a fresh one",
+                        language.name()
+                    ));
                 }
                 continue;
             }
@@ -259,20 +246,21 @@ impl Wasmbox {
     }
 }
 
-/// A sandbox's session slot, held for a copy or a save; a call still running after
-/// [`PAUSE_WAIT`] makes this fail clearly.
+/// A sandbox's session slot, held for a copy or a save; a call still running after `wait`
+/// makes this fail clearly.
 async fn hold(
     slot: &crate::sandbox::SlotLock,
     language: Language,
+    wait: Duration,
 ) -> Result<tokio::sync::OwnedMutexGuard<crate::sandbox::Slot>> {
-    tokio::time::timeout(PAUSE_WAIT, slot.clone().lock_owned())
+    tokio::time::timeout(wait, slot.clone().lock_owned())
         .await
         .map_err(|_| {
             Error::busy(format!(
                 "a call is still running in the sandbox's {} session after {} s; try again once \
                  it ends",
                 language.name(),
-                PAUSE_WAIT.as_secs()
+                wait.as_secs()
             ))
         })
 }
@@ -297,7 +285,7 @@ impl Wasmbox {
         let mut held = Vec::new();
         for language in SESSION_LANGUAGES {
             let slot = src.slot(language).expect("a slot per session language");
-            held.push((language, hold(slot, language).await?));
+            held.push((language, hold(slot, language, PAUSE_WAIT).await?));
         }
         let store = &self.inner.sandboxes.snapshots;
         let (snap_id, dir) = store.start()?;
@@ -405,10 +393,8 @@ impl Wasmbox {
                 let c = copy_into(&dir.join("workspace"), &dir.join("tmp"), &sb)?;
                 sb.fs.budget().changed(c.bytes as i64, c.entries as i64);
                 for language in meta.languages {
-                    let to = sb.state_path(language);
-                    std::fs::create_dir_all(to.parent().expect("in state/"))
-                        .and_then(|()| std::fs::copy(snapshots::state_path(&dir, language), &to))
-                        .and_then(|_| std::fs::write(sessions::reseed_marker(&to), b""))
+                    let from = snapshots::state_path(&dir, language);
+                    sessions::copy_reseeded(&from, &sb.state_path(language))
                         .map_err(|e| format!("the {} session: {e}", language.name()))?;
                 }
                 Ok(())

@@ -102,8 +102,15 @@ fn take_lost(state_path: &Path) -> Option<String> {
 
 /// Beside a state file copied for another sandbox (a fork, a sandbox made from a snapshot):
 /// its restore reseeds the random generators, which a resume does not.
-pub fn reseed_marker(state_path: &Path) -> std::path::PathBuf {
+fn reseed_marker(state_path: &Path) -> std::path::PathBuf {
     state_path.with_extension("reseed")
+}
+
+/// Copies a saved session to another sandbox's `to`, marked so that its restore reseeds.
+pub fn copy_reseeded(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to.parent().unwrap_or(Path::new(".")))?;
+    std::fs::copy(from, to)?;
+    std::fs::write(reseed_marker(to), b"")
 }
 
 /// The saved session at `path` restored for `req`, and notes on what it could not keep; `None`
