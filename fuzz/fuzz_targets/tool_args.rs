@@ -138,20 +138,40 @@ fn call(f: &Fixture, sandbox_id: &str, tool: &str, mut args: Map<String, Value>)
     match parsed {
         // The same error as dispatch's: the parser is the one dispatch uses.
         Err(e) if f.tools.iter().any(|t| t == tool) => assert_eq!(
-            r.structured_content, e.structured_content,
+            payload(tool, &r),
+            payload(tool, &e),
             "{tool}: dispatch and parse_tool_args disagree"
         ),
         Err(e) => assert_eq!(
-            r.structured_content.as_ref().map(|v| &v["error"]),
-            e.structured_content.as_ref().map(|v| &v["error"]),
+            payload(tool, &r)["error"],
+            payload(tool, &e)["error"],
             "{tool}: an unknown tool"
         ),
         Ok(()) => {}
     }
 }
 
+/// A result's JSON object: `structuredContent` for an answer, the text block for an error (errors
+/// carry no `structuredContent`, which clients would check against the tool's output schema).
+fn payload(tool: &str, r: &CallToolResult) -> Value {
+    if r.is_error == Some(true) {
+        assert!(
+            r.structured_content.is_none(),
+            "{tool}: an error with structuredContent: {r:?}"
+        );
+        let text = r.content.first().and_then(|c| c.as_text());
+        let text = text.unwrap_or_else(|| panic!("{tool}: an error without a text block: {r:?}"));
+        serde_json::from_str(&text.text)
+            .unwrap_or_else(|e| panic!("{tool}: an error whose text is not JSON ({e}): {r:?}"))
+    } else {
+        r.structured_content
+            .clone()
+            .unwrap_or_else(|| panic!("{tool}: no structuredContent in {r:?}"))
+    }
+}
+
 fn check_result(tool: &str, r: &CallToolResult) {
-    let Some(Value::Object(v)) = &r.structured_content else {
+    let Value::Object(v) = payload(tool, r) else {
         panic!("{tool}: no JSON object in {r:?}");
     };
     assert!(!r.content.is_empty(), "{tool}: no content");
