@@ -171,24 +171,44 @@ impl Wasmbox {
             let slot = src.slot(language).expect("a slot per session language");
             held.push((language, hold(slot, language, PAUSE_WAIT).await?));
         }
-        let child = self.inner.sandboxes.create(
+        // Its meta.json is synced once the fork is made (below), not on the caller's path.
+        let child = self.inner.sandboxes.create_with(
             src.template.id,
             Some(src.timeout().as_secs() as i64),
             src.env(),
             owner,
+            false,
         )?;
-        let copied = {
+        // The files are copied on a blocking thread while the sessions are, on a guest thread.
+        let files = {
             let (src, child) = (src.clone(), child.clone());
             tokio::task::spawn_blocking(move || copy_files(&src, &child))
-                .await
-                .unwrap_or_else(|e| Err(format!("copying panicked: {e}")))
         };
-        if let Err(e) = copied {
-            let _ = self.inner.sandboxes.delete(&child.id, owner);
-            return Err(Error::wasm(format!(
-                "the sandbox's files could not be copied: {e}"
-            )));
-        }
+        let sessions = self.fork_sessions(&src, &child, held).await;
+        let copied = files
+            .await
+            .unwrap_or_else(|e| Err(format!("copying panicked: {e}")));
+        let failed = match (sessions, copied) {
+            (Ok(notes), Ok(())) => {
+                let synced = child.clone();
+                tokio::task::spawn_blocking(move || synced.sync_saved());
+                return Ok((child, notes));
+            }
+            (Err(e), _) => e,
+            (_, Err(e)) => Error::wasm(format!("the sandbox's files could not be copied: {e}")),
+        };
+        let _ = self.inner.sandboxes.delete(&child.id, owner);
+        Err(failed)
+    }
+
+    /// Copies `src`'s sessions, whose slots are `held`, into `child`: live ones in memory, saved
+    /// ones as files. Notes what could not be copied.
+    async fn fork_sessions(
+        &self,
+        src: &Sandbox,
+        child: &Sandbox,
+        held: Vec<(Language, tokio::sync::OwnedMutexGuard<crate::sandbox::Slot>)>,
+    ) -> Result<Vec<String>> {
         let mut notes = Vec::new();
         for (language, guard) in held {
             if guard.session.is_none() {
@@ -242,7 +262,7 @@ impl Wasmbox {
                 )),
             }
         }
-        Ok((child, notes))
+        Ok(notes)
     }
 }
 

@@ -200,14 +200,48 @@ pub fn capture(
     instance: &Instance,
     memory: Memory,
 ) -> Result<InstanceState> {
-    capture_with(store, instance, memory, Scan::Pagemap)
+    capture_with(store, instance, memory, Scan::Pagemap, true)
 }
 
+/// Makes `to`, a fresh instance of the image `from` was made from, hold `from`'s state: as
+/// [`capture`] then [`restore`], but each page goes straight from one memory to the other, so
+/// a fork copies its parent's pages once and allocates no buffer for them.
+pub fn copy(
+    mut from: impl AsContextMut,
+    from_instance: &Instance,
+    from_memory: Memory,
+    to: impl AsContextMut,
+    to_instance: &Instance,
+    to_memory: Memory,
+) -> Result<()> {
+    let plan = capture_with(&mut from, from_instance, from_memory, Scan::Pagemap, false)?;
+    let from = from.as_context();
+    restore_from(
+        to,
+        to_instance,
+        to_memory,
+        &plan,
+        Pages::Memory(from_memory.data(&from)),
+    )
+}
+
+/// Where a restore's page bytes come from.
+#[derive(Clone, Copy)]
+enum Pages<'a> {
+    /// The state's own `data`.
+    Saved,
+    /// Another instance's memory, at the same offsets (the state only names its pages).
+    Memory(&'a [u8]),
+}
+
+/// With `keep` false, the pages to save are found and named but their bytes are not copied
+/// (the state's `data` stays empty): [`copy`] reads them from the memory itself.
 fn capture_with(
     mut store: impl AsContextMut,
     instance: &Instance,
     memory: Memory,
     scan: Scan,
+    keep: bool,
 ) -> Result<InstanceState> {
     let mut store = store.as_context_mut();
     rewritten(&mut store, instance, memory, "capture")?;
@@ -245,7 +279,7 @@ fn capture_with(
         clock_ns: 0,
         meta: BTreeMap::new(),
     };
-    if let Some(entries) = &entries {
+    if let Some(entries) = entries.as_ref().filter(|_| keep) {
         state
             .data
             .reserve(entries.iter().filter(|&&e| private(e)).count() * PAGE);
@@ -258,7 +292,9 @@ fn capture_with(
         let bytes = &mem[byte_range(&(page..page + 1), len)];
         if !is_zero(bytes) {
             push_page(&mut state.runs, page);
-            state.data.extend_from_slice(bytes);
+            if keep {
+                state.data.extend_from_slice(bytes);
+            }
         } else if page * (PAGE as u64) < initial {
             push_page(&mut state.zeros, page);
         }
@@ -303,10 +339,20 @@ fn exported_globals(mut store: impl AsContextMut, instance: &Instance) -> Vec<(u
 /// memory to the saved size, writes the saved pages and sets the globals. The instance must be
 /// as instantiated (not run, not grown): pages not in the state are left as they are.
 pub fn restore(
+    store: impl AsContextMut,
+    instance: &Instance,
+    memory: Memory,
+    state: &InstanceState,
+) -> Result<()> {
+    restore_from(store, instance, memory, state, Pages::Saved)
+}
+
+fn restore_from(
     mut store: impl AsContextMut,
     instance: &Instance,
     memory: Memory,
     state: &InstanceState,
+    pages: Pages,
 ) -> Result<()> {
     let mut store = store.as_context_mut();
     let other = |what: String| {
@@ -398,7 +444,11 @@ pub fn restore(
     let mut at = 0;
     for span in spans {
         let n = span.len();
-        mem[span].copy_from_slice(&state.data[at..at + n]);
+        let bytes = match pages {
+            Pages::Saved => &state.data[at..at + n],
+            Pages::Memory(from) => &from[span.clone()],
+        };
+        mem[span].copy_from_slice(bytes);
         at += n;
     }
 
@@ -829,7 +879,9 @@ mod tests {
         fn capture(&mut self, scan: Scan) -> Result<InstanceState> {
             match scan {
                 Scan::Pagemap => capture(&mut self.store, &self.instance, self.memory),
-                Scan::Full => capture_with(&mut self.store, &self.instance, self.memory, scan),
+                Scan::Full => {
+                    capture_with(&mut self.store, &self.instance, self.memory, scan, true)
+                }
             }
         }
 
@@ -888,6 +940,43 @@ mod tests {
                 assert_eq!(b.call::<_, f64>("f", ()), 1.5, "{label}");
                 assert_eq!(b.call::<_, i32>("k", ()), 7, "{label}");
             }
+        }
+    }
+
+    #[test]
+    fn copy_gives_what_capture_then_restore_gives() {
+        for (label, module) in setups(image()) {
+            let mut a = Guest::new(&module);
+            a.store(8, 111);
+            a.store(4096, 0);
+            a.store(20 * P, 222);
+            assert_eq!(a.call::<_, i32>("grow", 1), 4, "{label}");
+            a.store(70 * P, 333); // in the grown page
+            a.call::<_, ()>("set", (42, -7i64, 1.5f64));
+            let mut b = Guest::new(&module);
+            copy(
+                &mut a.store,
+                &a.instance,
+                a.memory,
+                &mut b.store,
+                &b.instance,
+                b.memory,
+            )
+            .unwrap();
+            let mut c = Guest::new(&module);
+            c.restore(&a.capture(Scan::Pagemap).unwrap()).unwrap();
+            assert_eq!(
+                b.memory.data(&b.store),
+                c.memory.data(&c.store),
+                "{label}: the same memory"
+            );
+            assert_eq!(b.call::<_, i32>("g", ()), 42, "{label}");
+            assert_eq!(b.call::<_, i64>("h", ()), -7, "{label}");
+            assert_eq!(b.call::<_, f64>("f", ()), 1.5, "{label}");
+            assert_eq!(b.load(4096), 0, "{label}: zeroed over the image");
+            // The copy is the child's own from then on.
+            b.store(8, 5);
+            assert_eq!(a.load(8), 111, "{label}");
         }
     }
 

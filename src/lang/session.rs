@@ -114,15 +114,55 @@ pub fn restore(
     let (mut guest, instance) = rt.instantiate(req, Duration::from_nanos(st.clock_ns))?;
     let memory = exported_memory(&mut guest, &instance)?;
     state::restore(&mut guest.store, &instance, memory, st)?;
-    let mut notes = Vec::new();
-    if let Some(n) = st.meta.get(OPEN_FILES) {
-        notes.push(format!(
-            "{n} file(s) the {} session held open were closed when its state was saved; \
-             reading or writing them again raises a bad-file-descriptor error (open them again)",
-            rt.language().name()
+    let notes = open_files_note(rt, st.meta.get(OPEN_FILES).map(String::as_str), "saved");
+    Ok((Session::new(guest, instance), notes))
+}
+
+/// A session of `rt` in `req`'s place holding what `parent` holds, its pages copied straight
+/// from `parent`'s memory, and notes on what it could not keep. Only between calls of
+/// `parent`, which the caller holds exclusively.
+pub fn fork(
+    rt: &dyn SessionRuntime,
+    parent: &mut Session,
+    req: &ExecRequest,
+) -> Result<(Session, Vec<String>)> {
+    if !parent.alive {
+        return Err(Error::InvalidArgument(
+            "the session has ended; there is nothing to copy".into(),
         ));
     }
+    let (mut guest, instance) =
+        rt.instantiate(req, Duration::from_nanos(parent.guest.clock_ns()))?;
+    let from = parent.memory()?;
+    let to = exported_memory(&mut guest, &instance)?;
+    state::copy(
+        &mut parent.guest.store,
+        &parent.instance,
+        from,
+        &mut guest.store,
+        &instance,
+        to,
+    )?;
+    let open = parent.guest.open_files();
+    let notes = open_files_note(
+        rt,
+        (open > 0).then(|| open.to_string()).as_deref(),
+        "copied",
+    );
     Ok((Session::new(guest, instance), notes))
+}
+
+/// The note on files a session held open, which a saved or copied state does not keep.
+fn open_files_note(rt: &dyn SessionRuntime, open: Option<&str>, verb: &str) -> Vec<String> {
+    open.map(|n| {
+        format!(
+            "{n} file(s) the {} session held open were closed when its state was {verb}; \
+             reading or writing them again raises a bad-file-descriptor error (open them again)",
+            rt.language().name()
+        )
+    })
+    .into_iter()
+    .collect()
 }
 
 /// A runtime's [`StateKey`]: its language and the SHA-256 of its compiled image, so a state is

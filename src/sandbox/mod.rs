@@ -226,6 +226,13 @@ pub struct Quarantined {
 /// never a mix: a temp file of a unique name beside it, synced, renamed over it, and the
 /// directory synced so the rename itself survives a power cut.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_replacing(path, bytes, true)
+}
+
+/// As [`write_atomic`], synced to disk only with `sync`: without, a crash of the process still
+/// leaves the old or the new content, and only a power cut may lose the write (see
+/// [`sync_written`]).
+fn write_replacing(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
@@ -244,14 +251,26 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
         let mut f = o.open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        if sync {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+/// Syncs to disk what [`write_replacing`] wrote to `path` without syncing: the file, then its
+/// directory (the rename).
+fn sync_written(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()?;
+    std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
 }
 
 /// A persistent sandbox's claim on its directory: the locked `lock` file, held while it lives.
@@ -456,6 +475,12 @@ impl Sandbox {
     /// of lifetime, pause state or env. A failure is logged: the live sandbox is unaffected, only
     /// a restart would see older settings.
     pub fn save(&self) {
+        self.save_with(true);
+    }
+
+    /// [`Sandbox::save`], not yet synced to disk without `sync` (then [`Sandbox::sync_saved`]
+    /// makes it durable).
+    fn save_with(&self, sync: bool) {
         if self.claim.is_none() {
             return;
         }
@@ -476,9 +501,24 @@ impl Sandbox {
         let path = self.fs.host_root().join("meta.json");
         let written = serde_json::to_vec_pretty(&meta)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| write_atomic(&path, &bytes));
+            .and_then(|bytes| write_replacing(&path, &bytes, sync));
         if let Err(e) = written {
             tracing::warn!(sandbox = %self.id, "saving the sandbox's metadata: {e}");
+        }
+    }
+
+    /// Syncs `meta.json` to disk, after a creation that left that for later (a fork, whose
+    /// caller should not wait for the disk). Blocks: call it off the async threads.
+    pub fn sync_saved(&self) {
+        if self.claim.is_none() {
+            return;
+        }
+        let _saving = self.saving.lock().unwrap();
+        match sync_written(&self.fs.host_root().join("meta.json")) {
+            // Deleted meanwhile: nothing left to keep.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(sandbox = %self.id, "syncing the sandbox's metadata: {e}"),
+            Ok(()) => {}
         }
     }
 
@@ -919,6 +959,19 @@ impl Sandboxes {
         env: BTreeMap<String, String>,
         owner: &str,
     ) -> Result<Arc<Sandbox>, SandboxError> {
+        self.create_with(template_name, timeout_secs, env, owner, true)
+    }
+
+    /// [`Sandboxes::create`], its `meta.json` synced to disk only with `sync` (else the caller
+    /// calls [`Sandbox::sync_saved`] later, off its path).
+    pub fn create_with(
+        &self,
+        template_name: &str,
+        timeout_secs: Option<i64>,
+        env: BTreeMap<String, String>,
+        owner: &str,
+        sync: bool,
+    ) -> Result<Arc<Sandbox>, SandboxError> {
         let template = template(template_name)
             .ok_or_else(|| SandboxError::TemplateNotFound(template_name.to_string()))?;
         let timeout = self.timeout(timeout_secs)?;
@@ -960,7 +1013,7 @@ impl Sandboxes {
             env,
             fs,
         );
-        sandbox.save();
+        sandbox.save_with(sync);
         map.insert(id, sandbox.clone());
         Ok(sandbox)
     }

@@ -146,8 +146,7 @@ pub fn fork(
     session: &mut Session,
     req: &ExecRequest,
 ) -> Result<(Session, Vec<String>), String> {
-    let st = session.capture().map_err(|e| e.to_string())?;
-    let (mut child, notes) = session::restore(rt, req, &st).map_err(|e| e.to_string())?;
+    let (mut child, notes) = session::fork(rt, session, req).map_err(|e| e.to_string())?;
     rt.reseed(&mut child).map_err(|e| e.to_string())?;
     Ok((child, notes))
 }
