@@ -505,7 +505,7 @@ async fn a_thousand_sandboxes_keep_their_variables() {
     let warm = create_sandbox(&c, json!({"template_id": "javascript"})).await;
     run(&c, &warm, "javascript", "1").await;
     ok(&c, "delete_sandbox", json!({"id": warm})).await;
-    let idle = rss_kib(pid);
+    let idle = settled_rss_kib(pid).await;
     let mut ids = Vec::with_capacity(n);
     for i in 0..n {
         let id = create_sandbox(&c, json!({"template_id": "python"})).await;
@@ -523,12 +523,33 @@ async fn a_thousand_sandboxes_keep_their_variables() {
         let v = run(&c, id, "python", "print(mine, pd.__name__)").await;
         assert_eq!(v["stdout"], format!("{i} pandas\n"), "{v}");
     }
-    let end = rss_kib(pid);
+    let end = settled_rss_kib(pid).await;
     eprintln!("{n} sandboxes: idle RSS {idle} KiB, at the end {end} KiB");
     assert!(
         end <= 2 * idle,
         "RSS {end} KiB is over twice the idle {idle} KiB"
     );
+}
+
+/// The server's RSS once it stops moving: its pools refill in the background after a call, so a
+/// reading taken at once depends on how busy the machine is.
+async fn settled_rss_kib(pid: u32) -> u64 {
+    let mut last = rss_kib(pid);
+    let mut steady = 0;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = rss_kib(pid);
+        steady = if now.abs_diff(last) * 100 <= last {
+            steady + 1
+        } else {
+            0
+        };
+        last = now;
+        if steady >= 4 {
+            break;
+        }
+    }
+    last
 }
 
 fn rss_kib(pid: u32) -> u64 {
