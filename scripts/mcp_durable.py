@@ -1,8 +1,9 @@
 """Durable sessions as the official MCP Python SDK sees them (a client we did not write): a
 DataFrame and a JavaScript global survive pause/resume and a server restart on the same data
 directory; a fork sees the parent's variables and then diverges; a sandbox made from a snapshot
-has the snapshot's state; a corrupted state file gives a note and a fresh session. Every answer
-is validated by the SDK against the tool's output schema.
+has the snapshot's state; a corrupted state file gives a note and a fresh session; a server
+killed (SIGKILL) during a call leaves the session as of the turn before it, and the next server
+says so. Every answer is validated by the SDK against the tool's output schema.
 
 Usage: python scripts/mcp_durable.py [path/to/wasmbox]   (needs `pip install mcp`)
 """
@@ -10,6 +11,7 @@ Usage: python scripts/mcp_durable.py [path/to/wasmbox]   (needs `pip install mcp
 import asyncio
 import json
 import os
+import signal
 import sys
 import tempfile
 
@@ -37,6 +39,18 @@ async def run(session, sid, code, language="python"):
         {"sandbox_id": sid, "mode": "persistent", "code": code, "language": language},
     )
     return obj
+
+
+def server_pid(data):
+    """The pid of the server the SDK started on `data` (the SDK does not expose it)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"WASMBOX_DATA={data}".encode() in f.read().split(b"\0"):
+                    return int(pid)
+        except OSError:
+            pass
+    raise RuntimeError("server not found")
 
 
 def server(data):
@@ -96,6 +110,29 @@ async def main() -> int:
         o = await run(s, sid, "print('x' in globals())")
         report(o["stdout"] == "False\n" and "corrupted" in json.dumps(o.get("notes")),
                "a corrupted state: a note and a fresh session", o.get("notes"))
+
+    # Killed outright during a call: the session idled long enough to be saved
+    # (WASMBOX_SAVE_IDLE_MS, 1 s), so the next server has the turn before the call.
+    try:
+        async with server(data) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            await run(s, sid, "x = 'before the call'")
+            await asyncio.sleep(2.5)
+            busy = asyncio.create_task(run(s, sid, "x = 'cut off'\nimport time; time.sleep(30)"))
+            await asyncio.sleep(1)
+            os.kill(server_pid(data), signal.SIGKILL)
+            try:
+                await asyncio.wait_for(busy, 10)
+            except BaseException:
+                pass
+    except BaseException:
+        pass  # the transport breaks with the server: expected here
+    async with server(data) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        o = await run(s, sid, "print(x)")
+        report(o["stdout"] == "before the call\n"
+               and "without shutting down cleanly" in json.dumps(o.get("notes")),
+               "SIGKILL mid-call: the turn before it, and a note", o)
 
     print("passed" if not failed else f"{failed} failed")
     return 1 if failed else 0

@@ -197,6 +197,10 @@ impl Config {
                     _ => Some(default_data_dir()),
                 },
                 save_every_call: env_num("WASMBOX_SAVE_EVERY_CALL").unwrap_or(0) != 0,
+                save_idle: match env_num("WASMBOX_SAVE_IDLE_MS").unwrap_or(1000) {
+                    0 => None,
+                    ms => Some(Duration::from_millis(ms as u64)),
+                },
                 idle_pause: match env_num("WASMBOX_IDLE_PAUSE_S").unwrap_or(120) {
                     0 => None,
                     s => Some(Duration::from_secs(s as u64)),

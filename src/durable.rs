@@ -76,8 +76,11 @@ impl Wasmbox {
             let guard = hold(slot, language, wait).await?;
             let path = sb.state_path(language);
             if guard.session.is_none() {
-                // Ended by this save's stop (a shutdown): the next server says so.
-                if let Some(why) = &guard.ended {
+                // Ended (by this save's stop, at a shutdown, with no turn saved before it): the
+                // next server says so.
+                if let Some(why) = &guard.ended
+                    && !path.is_file()
+                {
                     sessions::note_lost(&path, why);
                 }
                 continue;
@@ -87,19 +90,19 @@ impl Wasmbox {
             };
             let outcome = tokio::task::spawn_blocking(move || {
                 let mut guard = guard;
-                let session = guard.session.as_mut().expect("checked above");
-                let r = sessions::save(&*rt, session, &path);
+                let r = sessions::save_slot(&*rt, &mut guard, &path);
                 if r.is_ok() {
                     guard.session = None;
+                    guard.saved = false;
                 }
                 r
             })
             .await
             .unwrap_or_else(|e| Err(format!("saving panicked: {e}")));
             saved.push(match outcome {
-                Ok(s) => SavedSession {
+                Ok(bytes) => SavedSession {
                     language,
-                    bytes: Some(s.bytes),
+                    bytes: Some(bytes),
                     error: None,
                 },
                 Err(e) => {
@@ -129,8 +132,9 @@ impl Wasmbox {
     }
 
     /// Saves every sandbox's idle sessions before the server exits, so a restart on the same
-    /// data directory finds its variables. Calls still running are stopped as by a kill (their
-    /// sessions end, so they are not saved). Bounded by `within` in all.
+    /// data directory finds its variables. Calls still running are stopped as by a kill; their
+    /// sessions are kept as of the turn before, when that turn was saved (`WASMBOX_SAVE_IDLE_MS`)
+    /// and otherwise end with a note for the next server. Bounded by `within` in all.
     pub async fn save_all(&self, within: Duration) {
         if !self.inner.sandboxes.persistent() {
             return;
@@ -141,7 +145,7 @@ impl Wasmbox {
                 for language in SESSION_LANGUAGES {
                     let busy = sb.slot(language).is_some_and(|s| s.try_lock().is_err());
                     if busy {
-                        sb.stop_all(crate::engine::limits::StopReason::Killed);
+                        sb.stop_all(crate::engine::limits::StopReason::Shutdown);
                     }
                 }
             }
@@ -356,7 +360,8 @@ impl Wasmbox {
         let mut languages = Vec::new();
         for (language, guard) in held {
             let to = snapshots::state_path(dir, language);
-            let bytes = if guard.session.is_some() {
+            // A session saved as it is (idle) is copied as its file, like one not live.
+            let bytes = if guard.session.is_some() && !guard.saved {
                 let Some(rt) = self.loaded_session_runtime(language) else {
                     continue;
                 };
@@ -529,14 +534,17 @@ impl Wasmbox {
         let Ok(mut g) = slot.try_lock() else {
             return false;
         };
-        let (Some(session), Some(rt)) = (g.session.as_mut(), self.loaded_session_runtime(language))
-        else {
+        let Some(rt) = self.loaded_session_runtime(language) else {
             return false;
         };
-        match sessions::save(&*rt, session, &sb.state_path(language)) {
-            Ok(s) => {
-                tracing::debug!(sandbox = %sb.id, "{} session swapped out ({} bytes)", language.name(), s.bytes);
+        if g.session.is_none() {
+            return false;
+        }
+        match sessions::save_slot(&*rt, &mut g, &sb.state_path(language)) {
+            Ok(bytes) => {
+                tracing::debug!(sandbox = %sb.id, "{} session swapped out ({bytes} bytes)", language.name());
                 g.session = None;
+                g.saved = false;
                 true
             }
             Err(e) => {
@@ -546,14 +554,20 @@ impl Wasmbox {
         }
     }
 
-    /// Saves and frees sessions idle for `WASMBOX_IDLE_PAUSE_S`, on a thread of its own that
-    /// ends with the service.
+    /// Saves sessions idle for `WASMBOX_SAVE_IDLE_MS` (they stay live: a stop, clean or not,
+    /// then loses no turn) and frees those idle for `WASMBOX_IDLE_PAUSE_S`, on a thread of its
+    /// own that ends with the service.
     pub(crate) fn start_idle_keeper(&self) {
-        let Some(idle) = self.inner.config.sandbox.idle_pause else {
+        let config = &self.inner.config.sandbox;
+        let save_idle = config
+            .save_idle
+            .filter(|_| self.inner.sandboxes.persistent());
+        let free_idle = config.idle_pause;
+        let Some(shortest) = [save_idle, free_idle].into_iter().flatten().min() else {
             return;
         };
         let weak = Arc::downgrade(&self.inner);
-        let every = (idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(5));
+        let every = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
         let spawned = std::thread::Builder::new()
             .name("wasmbox-idle-sessions".into())
             .spawn(move || {
@@ -566,20 +580,42 @@ impl Wasmbox {
                     let wb = Wasmbox { inner };
                     for sb in wb.inner.sandboxes.all() {
                         for language in SESSION_LANGUAGES {
-                            let idle_for = sb
-                                .slot(language)
-                                .and_then(|s| s.try_lock().ok())
-                                .and_then(|g| g.session.as_ref().and(g.last_used))
-                                .map(|t| t.elapsed());
-                            if idle_for.is_some_and(|d| d >= idle) {
-                                wb.swap_out(&sb, language);
-                            }
+                            wb.keep_idle(&sb, language, save_idle, free_idle);
                         }
                     }
                 }
             });
         if let Err(e) = spawned {
             tracing::warn!("idle sessions will stay in memory: {e}");
+        }
+    }
+
+    /// Saves or frees `sb`'s `language` session if it has idled long enough.
+    fn keep_idle(
+        &self,
+        sb: &Sandbox,
+        language: Language,
+        save_idle: Option<Duration>,
+        free_idle: Option<Duration>,
+    ) {
+        let Some(mut g) = sb.slot(language).and_then(|s| s.try_lock().ok()) else {
+            return;
+        };
+        let idle_for = match (&g.session, g.last_used) {
+            (Some(_), Some(t)) => t.elapsed(),
+            _ => return,
+        };
+        if free_idle.is_some_and(|d| idle_for >= d) {
+            drop(g);
+            self.swap_out(sb, language);
+        } else if !g.saved
+            && save_idle.is_some_and(|d| idle_for >= d)
+            && let Some(rt) = self.loaded_session_runtime(language)
+            && let Err(e) = sessions::save_slot(&*rt, &mut g, &sb.state_path(language))
+        {
+            // Tried again after another idle spell, not on every tick.
+            tracing::debug!(sandbox = %sb.id, "saving the idle {} session: {e}", language.name());
+            g.last_used = Some(std::time::Instant::now());
         }
     }
 }

@@ -837,13 +837,19 @@ impl Wasmbox {
                 let slot = slot.clone().lock_owned().await;
                 let path = sb.state_path(req.language);
                 let save_after = self.inner.config.sandbox.save_every_call;
+                let durable = self.inner.sandboxes.persistent();
                 let (me, id) = (self.clone(), sb.id.clone());
                 Box::new(move || {
                     let mut slot = slot;
                     if slot.session.is_none() {
                         me.make_room(&id, req.language);
                     }
-                    sandbox::sessions::call(&mut slot, &*rt, &req, rich, &path, save_after)
+                    let keep = sandbox::sessions::Keep {
+                        state: &path,
+                        save_after,
+                        durable,
+                    };
+                    sandbox::sessions::call(&mut slot, &*rt, &req, rich, &keep)
                 })
             }
             None => self.runner(req).await?,

@@ -128,7 +128,8 @@ async fn a_restarted_server_finds_unexpired_sandboxes_and_reaps_expired_ones() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_during_work_loses_no_files() {
     let data = tempfile::tempdir().unwrap();
-    let (c, pid) = stdio(data.path(), &[]).await;
+    // Idle sessions unsaved: the call cut off takes its session's variables with it.
+    let (c, pid) = stdio(data.path(), &[("WASMBOX_SAVE_IDLE_MS", "0")]).await;
     let id = sandbox_with_state(&c).await;
     // Work in flight: a foreground call and a background job, both writing.
     let job = ok(

@@ -58,6 +58,8 @@ pub enum StopReason {
     DiskQuota,
     /// The client gave up on the call (MCP `notifications/cancelled`).
     Cancelled,
+    /// The server is stopping: ended as by a kill, but its session keeps the turn before.
+    Shutdown,
 }
 
 /// A flag a guest's epoch callback checks: how background jobs are killed and how a sandbox's
@@ -73,6 +75,7 @@ impl Stop {
             StopReason::SandboxGone => 2,
             StopReason::DiskQuota => 3,
             StopReason::Cancelled => 4,
+            StopReason::Shutdown => 5,
         };
         // The first reason wins: a kill stays a kill even if the sandbox goes next.
         let _ = self.0.compare_exchange(
@@ -89,6 +92,7 @@ impl Stop {
             2 => Some(StopReason::SandboxGone),
             3 => Some(StopReason::DiskQuota),
             4 => Some(StopReason::Cancelled),
+            5 => Some(StopReason::Shutdown),
             _ => None,
         }
     }
@@ -105,6 +109,7 @@ impl std::fmt::Display for Stopped {
             StopReason::SandboxGone => write!(f, "the sandbox was deleted or expired"),
             StopReason::DiskQuota => write!(f, "the workspace went over its disk quota"),
             StopReason::Cancelled => write!(f, "the client cancelled the call"),
+            StopReason::Shutdown => write!(f, "the server is shutting down"),
         }
     }
 }

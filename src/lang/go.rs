@@ -915,6 +915,11 @@ fn stopped_result(why: StopReason, req: &ExecRequest, start: Instant) -> ExecRes
             None,
             "the sandbox was deleted or expired",
         ),
+        StopReason::Shutdown => (
+            super::guest::EXIT_KILLED,
+            None,
+            "the server is shutting down",
+        ),
         StopReason::DiskQuota => (
             1,
             Some(LimitHit::Disk),

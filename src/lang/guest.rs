@@ -398,6 +398,11 @@ fn finish(
                         );
                         EXIT_KILLED
                     }
+                    StopReason::Shutdown => {
+                        notes
+                            .push("wasmbox: execution stopped: the server is shutting down".into());
+                        EXIT_KILLED
+                    }
                     StopReason::Cancelled => {
                         notes.push(
                             "wasmbox: execution stopped: the client cancelled the call".into(),

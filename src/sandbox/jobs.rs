@@ -208,7 +208,7 @@ impl Job {
                     Ok(r) => {
                         let status = match (self.stop.reason(), r.limit) {
                             (Some(StopReason::Killed), _) => "killed",
-                            (Some(StopReason::SandboxGone), _) => "killed",
+                            (Some(StopReason::SandboxGone | StopReason::Shutdown), _) => "killed",
                             (_, Some(crate::LimitHit::Timeout)) => "timeout",
                             _ if r.success => "completed",
                             _ => "failed",

@@ -94,6 +94,9 @@ pub struct SandboxConfig {
     /// Save sessions after every call (`WASMBOX_SAVE_EVERY_CALL=1`), so even a killed server
     /// leaves them as of their last call.
     pub save_every_call: bool,
+    /// Sessions idle this long are saved to disk and stay live (`WASMBOX_SAVE_IDLE_MS`, 0:
+    /// never), so a stop mid-call, clean or not, leaves them as of the turn before it.
+    pub save_idle: Option<Duration>,
     /// Sessions idle this long are saved to disk and their instances freed
     /// (`WASMBOX_IDLE_PAUSE_S`, 0: never); the next call restores them.
     pub idle_pause: Option<Duration>,
@@ -178,6 +181,10 @@ pub struct Slot {
     /// When its last call ended: idle sessions, and the least recently used ones when live
     /// sessions reach their cap, are saved to disk and freed.
     pub last_used: Option<std::time::Instant>,
+    /// The state file holds the live session as it is now: freeing it needs no new save.
+    pub saved: bool,
+    /// A marker says the live session has turns no file holds (see `sessions::call`).
+    pub unsaved_marked: bool,
 }
 
 /// A sandbox's slot for one language, held for the length of a call.
@@ -1197,6 +1204,7 @@ mod tests {
             max_per_owner: 2,
             data_dir: Some(data.to_path_buf()),
             save_every_call: false,
+            save_idle: None,
             idle_pause: None,
             snapshot_bytes: 1 << 20,
             max_live_sessions: 8,

@@ -1,7 +1,14 @@
-//! A sandbox's sessions on disk: written when the sandbox is paused, when the server shuts down
-//! and (`WASMBOX_SAVE_EVERY_CALL`) after each call; read back by the next call, in this server
-//! or the next one. A file is only ever restored into the image it was saved from
+//! A sandbox's sessions on disk: written once a session is idle (`WASMBOX_SAVE_IDLE_MS`, the
+//! session stays live), when the sandbox is paused, when the server shuts down and
+//! (`WASMBOX_SAVE_EVERY_CALL`) after each call; read back by the next call, in this server or
+//! the next one. A file is only ever restored into the image it was saved from
 //! ([`crate::engine::state`] checks the key, the format and a checksum).
+//!
+//! Beside `<language>.state`, while a call runs in a session that was saved as it is, the file
+//! is `<language>.before`: the turn before the call. A server stopped mid-call, by a signal or
+//! by a crash, leaves that, and the next server restores it and says so. A live session with
+//! turns no file holds has a `<language>.lost` marker, so that a server killed before saving it
+//! leaves a note rather than silently fresh variables.
 
 use std::io::Read;
 use std::path::Path;
@@ -29,6 +36,25 @@ pub fn save(rt: &dyn SessionRuntime, session: &mut Session, path: &Path) -> Resu
     let key = rt.state_key()?;
     let st = session.capture().map_err(|e| e.to_string())?;
     write(&st, &key, path)
+}
+
+/// Saves `slot`'s live session to `path` unless the file already holds it as it is; the
+/// session lives on. Returns the file's size.
+pub fn save_slot(rt: &dyn SessionRuntime, slot: &mut Slot, path: &Path) -> Result<u64, String> {
+    let Some(session) = slot.session.as_mut() else {
+        return Err("no live session".into());
+    };
+    if slot.saved
+        && let Ok(m) = std::fs::metadata(path)
+    {
+        return Ok(m.len());
+    }
+    let s = save(rt, session, path)?;
+    slot.saved = true;
+    if std::mem::take(&mut slot.unsaved_marked) {
+        let _ = std::fs::remove_file(lost_marker(path));
+    }
+    Ok(s.bytes)
 }
 
 /// Writes a captured state.
@@ -89,15 +115,45 @@ pub fn note_lost(state_path: &Path, why: &str) {
     let _ = super::write_atomic(&lost_marker(state_path), why.as_bytes());
 }
 
+/// Beside a session's state file while a call runs in it: the session as of the turn before.
+fn before_path(state_path: &Path) -> std::path::PathBuf {
+    state_path.with_extension("before")
+}
+
+/// Beside a state file: a note for the call that restores it.
+fn note_path(state_path: &Path) -> std::path::PathBuf {
+    state_path.with_extension("note")
+}
+
+/// What a server stopped mid-call leaves: the turn before the call, to be restored with `note`.
+fn keep_before(state_path: &Path, note: &str) {
+    if std::fs::rename(before_path(state_path), state_path).is_ok() {
+        let _ = super::write_atomic(&note_path(state_path), note.as_bytes());
+    }
+}
+
+/// Drops what disk holds of an ended session: the next call starts fresh, as its note says.
+fn forget(slot: &mut Slot, state_path: &Path) {
+    let _ = std::fs::remove_file(state_path);
+    let _ = std::fs::remove_file(before_path(state_path));
+    let _ = std::fs::remove_file(lost_marker(state_path));
+    slot.saved = false;
+    slot.unsaved_marked = false;
+}
+
+/// A short file's text, removed once read.
+fn take_text(path: &Path) -> Option<String> {
+    let mut text = String::new();
+    let read = std::fs::File::open(path)
+        .and_then(|f| f.take(512).read_to_string(&mut text))
+        .is_ok();
+    let _ = std::fs::remove_file(path);
+    read.then_some(text)
+}
+
 /// Why a session was lost at the last stop, once (the marker is removed); short and bounded.
 fn take_lost(state_path: &Path) -> Option<String> {
-    let marker = lost_marker(state_path);
-    let mut why = String::new();
-    let read = std::fs::File::open(&marker)
-        .and_then(|f| f.take(512).read_to_string(&mut why))
-        .is_ok();
-    let _ = std::fs::remove_file(&marker);
-    read.then_some(why)
+    take_text(&lost_marker(state_path))
 }
 
 /// Beside a state file copied for another sandbox (a fork, a sandbox made from a snapshot):
@@ -123,17 +179,34 @@ pub fn restore(
     let marker = reseed_marker(path);
     let reseed = marker.is_file();
     let _ = std::fs::remove_file(&marker);
-    let st = match read(rt, path)? {
+    let mut notes: Vec<String> = take_text(&note_path(path)).into_iter().collect();
+    let read = match read(rt, path) {
+        Some(r) => r,
+        None => {
+            // A server that died mid-call, saving nothing: the turn before that call.
+            let r = read(rt, &before_path(path))?;
+            notes.push(format!(
+                "the server stopped during a {} call without shutting down cleanly; variables \
+                 are as of the turn before that call",
+                rt.language().name()
+            ));
+            r
+        }
+    };
+    // Whatever was lost before this file was written no longer matters.
+    let _ = std::fs::remove_file(lost_marker(path));
+    let st = match read {
         Ok(st) => st,
         Err(e) => return Some(Err(e)),
     };
     Some(
         session::restore(rt, req, &st)
-            .and_then(|(mut s, n)| {
+            .and_then(|(mut s, mut n)| {
                 if reseed {
                     rt.reseed(&mut s)?;
                 }
-                Ok((s, n))
+                notes.append(&mut n);
+                Ok((s, notes))
             })
             .map_err(|e| e.to_string()),
     )
@@ -151,17 +224,27 @@ pub fn fork(
     Ok((child, notes))
 }
 
+/// Where and when a call's session is kept on disk.
+pub struct Keep<'a> {
+    /// Its state file.
+    pub state: &'a Path,
+    /// Save it after the call (`WASMBOX_SAVE_EVERY_CALL`).
+    pub save_after: bool,
+    /// Sandboxes outlive the server: a stop mid-call must leave the turn before, or a note.
+    pub durable: bool,
+}
+
 /// Runs one call in a sandbox's session for `rt`'s language: restores the saved session or
 /// starts one if there is none live (and says so when earlier state is gone), and reports when
-/// this call ended it. With `save_after`, the session is saved after the call.
+/// this call ended it.
 pub fn call(
     slot: &mut Slot,
     rt: &dyn SessionRuntime,
     req: &ExecRequest,
     rich: bool,
-    state_path: &Path,
-    save_after: bool,
+    keep: &Keep,
 ) -> crate::Result<ExecResult> {
+    let state_path = keep.state;
     let name = rt.language().name();
     let mut notes = Vec::new();
     if slot.session.as_ref().is_none_or(|s| !s.alive()) {
@@ -192,6 +275,27 @@ pub fn call(
             }
         };
         slot.session = Some(session);
+        slot.saved = false;
+    }
+    // What a stop during this call leaves: the saved turn before it, or a note that the
+    // session's variables are gone.
+    let before = before_path(state_path);
+    let mut kept_before = false;
+    if keep.durable {
+        if std::mem::take(&mut slot.saved) {
+            kept_before = std::fs::rename(state_path, &before).is_ok();
+        }
+        if !kept_before && !slot.unsaved_marked {
+            // On the call's path, so not synced: it has to outlive the process, not the host.
+            let _ = std::fs::create_dir_all(state_path.parent().unwrap_or(Path::new(".")));
+            let _ = std::fs::write(
+                lost_marker(state_path),
+                "the server stopped without saving it: it was killed or crashed",
+            );
+            slot.unsaved_marked = true;
+        }
+    } else {
+        slot.saved = false;
     }
     let session = slot.session.as_mut().expect("just started");
     // A panic inside a host function leaves the session's store in an unknown state: drop the
@@ -202,6 +306,7 @@ pub fn call(
         Ok(r) => r,
         Err(_) => {
             slot.session = None;
+            forget(slot, state_path);
             slot.ended = Some("wasmbox failed inside it (a host panic)".into());
             return Err(crate::Error::wasm(format!(
                 "the execution failed inside wasmbox (a host panic); the {name} session was discarded, files in /workspace remain"
@@ -217,17 +322,39 @@ pub fn call(
             }
             None => format!("it exited with status {}", r.exit_code),
         };
-        notes.push(format!(
-            "the {name} session ended ({why}); the next call starts a fresh one"
-        ));
-        slot.ended = Some(why);
         slot.session = None;
-        // Saved after an earlier call: the next one starts fresh, as the note says.
-        let _ = std::fs::remove_file(state_path);
-    } else if save_after && let Err(e) = save(rt, session, state_path) {
-        notes.push(format!(
-            "the {name} session could not be saved after this call: {e}"
-        ));
+        let shutdown = req.place.as_ref().and_then(|p| p.stop.reason())
+            == Some(crate::engine::limits::StopReason::Shutdown);
+        if shutdown && kept_before {
+            // The server stops: the next one restores the turn before this call.
+            keep_before(
+                state_path,
+                &format!(
+                    "the {name} call running when the server stopped was ended; variables are \
+                     as of the turn before it"
+                ),
+            );
+            notes.push(format!(
+                "the {name} session ended ({why}); the next server restores it as of the turn before this call"
+            ));
+        } else {
+            forget(slot, state_path);
+            notes.push(format!(
+                "the {name} session ended ({why}); the next call starts a fresh one"
+            ));
+            slot.ended = Some(why);
+        }
+    } else {
+        if kept_before {
+            let _ = std::fs::remove_file(&before);
+        }
+        if keep.save_after
+            && let Err(e) = save_slot(rt, slot, state_path)
+        {
+            notes.push(format!(
+                "the {name} session could not be saved after this call: {e}"
+            ));
+        }
     }
     slot.last_used = Some(std::time::Instant::now());
     notes.append(&mut r.notes);
