@@ -58,6 +58,13 @@ async fn check_filled(c: &Client, id: &str) {
     assert_eq!(v["stdout"], "js kept\n", "{v}");
 }
 
+/// Sends `signal` to the server we started and waits until it has exited.
+async fn stop_server(pid: u32, signal: i32) {
+    // SAFETY: signalling the child server this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+    wait_gone(pid).await;
+}
+
 async fn wait_gone(pid: u32) {
     for _ in 0..200 {
         // SAFETY: signal 0 only checks that the process exists.
@@ -109,9 +116,7 @@ async fn a_sigterm_and_a_restart_keep_variables() {
     let (c, pid) = stdio(data.path(), &[]).await;
     let id = create_sandbox(&c, json!({})).await;
     fill(&c, &id).await;
-    // SAFETY: sending SIGTERM to the child server we started.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
-    wait_gone(pid).await;
+    stop_server(pid, libc::SIGTERM).await;
     assert!(state_file(data.path(), &id, "python").is_file());
 
     let (c, _) = stdio(data.path(), &[]).await;
@@ -125,9 +130,8 @@ async fn with_save_every_call_even_a_killed_server_keeps_variables() {
     let id = create_sandbox(&c, json!({"template_id": "python"})).await;
     run(&c, &id, "python", "x = 'saved'").await;
     run(&c, &id, "python", "x += ' twice'").await;
-    // SAFETY: sending SIGKILL to the child server we started: nothing is saved on the way out.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
-    wait_gone(pid).await;
+    // Nothing is saved on the way out.
+    stop_server(pid, libc::SIGKILL).await;
 
     let (c, _) = stdio(data.path(), &[]).await;
     let v = run(&c, &id, "python", "print(x)").await;
@@ -160,9 +164,7 @@ async fn a_call_running_at_shutdown_leaves_its_session_as_of_the_turn_before() {
                "code": "x = 'changed by the cut-off call'\nimport time; time.sleep(30)"}),
     );
     tokio::time::sleep(Duration::from_millis(800)).await;
-    // SAFETY: sending SIGTERM to the child server we started.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
-    wait_gone(pid).await;
+    stop_server(pid, libc::SIGTERM).await;
     let _ = busy.await;
 
     let (c, _) = stdio(data.path(), &[]).await;
@@ -191,9 +193,8 @@ async fn a_killed_server_leaves_the_turn_before_a_running_call_or_says_what_was_
         ));
     }
     tokio::time::sleep(Duration::from_millis(800)).await;
-    // SAFETY: sending SIGKILL to the child server we started: nothing is saved on the way out.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
-    wait_gone(pid).await;
+    // Nothing is saved on the way out.
+    stop_server(pid, libc::SIGKILL).await;
     for b in busy {
         let _ = b.await;
     }
@@ -220,9 +221,7 @@ async fn a_call_running_at_shutdown_ends_its_session_and_the_next_server_says_so
         json!({"sandbox_id": id, "mode": "persistent", "code": "import time; time.sleep(30)"}),
     );
     tokio::time::sleep(Duration::from_millis(800)).await;
-    // SAFETY: sending SIGTERM to the child server we started.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
-    wait_gone(pid).await;
+    stop_server(pid, libc::SIGTERM).await;
     let _ = busy.await;
 
     let (c, _) = stdio(data.path(), &[]).await;
