@@ -426,9 +426,11 @@ impl Wasmbox {
         let mut out = Vec::new();
         if let Some(p) = self.inner.python.get() {
             out.push(p.pool_stats());
+            out.extend(p.spare_stats());
         }
         if let Some(js) = self.inner.javascript.get() {
             out.push(js.pool_stats());
+            out.extend(js.spare_stats());
         }
         out
     }

@@ -306,6 +306,134 @@ async fn a_fork_sees_the_parents_variables_and_files_then_each_goes_its_own_way(
     );
 }
 
+/// The pool counters of `name` in `get_system_metrics`, if it is listed.
+async fn pool(c: &Client, name: &str) -> Option<Value> {
+    let m = ok(c, "get_system_metrics", json!({})).await;
+    m["pools"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name)
+        .cloned()
+}
+
+/// Waits until the spare instances restores and forks take are made.
+async fn wait_spares(c: &Client) -> (u64, u64) {
+    for _ in 0..600 {
+        let (py, js) = (
+            pool(c, "python-spare").await,
+            pool(c, "javascript-spare").await,
+        );
+        if let (Some(py), Some(js)) = (py, js)
+            && py["ready"] == 1
+            && js["ready"] == 1
+        {
+            return (py["hits"].as_u64().unwrap(), js["hits"].as_u64().unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no spare instances were made");
+}
+
+/// A fork or a resume into an instance made ahead of time (grown and faulted in to the last
+/// session's measure, then moved into the sandbox) holds exactly what one into a fresh
+/// instance holds, in the sandbox's own directories.
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_and_resumes_into_spare_instances_are_exact() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[("WASMBOX_SAVE_IDLE_MS", "0")]).await;
+    let parent = create_sandbox(&c, json!({"env_vars": {"STAGE": "one"}})).await;
+    fill(&c, &parent).await;
+    run(
+        &c,
+        &parent,
+        "python",
+        "open('/workspace/f.txt', 'w').write('parent')",
+    )
+    .await;
+    assert!(
+        pool(&c, "python-spare").await.is_none(),
+        "no spare before a fork"
+    );
+
+    // The first fork makes its instances; it leaves a spare made to its measure.
+    let first = ok(&c, "fork_sandbox", json!({"sandbox_id": parent})).await;
+    let first = first["id"].as_str().unwrap().to_string();
+    let (py_hits, js_hits) = wait_spares(&c).await;
+
+    let v = ok(&c, "fork_sandbox", json!({"sandbox_id": parent})).await;
+    let child = v["id"].as_str().unwrap().to_string();
+    let py = pool(&c, "python-spare").await.unwrap();
+    let js = pool(&c, "javascript-spare").await.unwrap();
+    assert_eq!(py["hits"].as_u64().unwrap(), py_hits + 1, "{py}");
+    assert_eq!(js["hits"].as_u64().unwrap(), js_hits + 1, "{js}");
+    check_filled(&c, &child).await;
+    let v = run(
+        &c,
+        &child,
+        "python",
+        "import os\nprint(sorted(os.listdir('/workspace')), open('/workspace/f.txt').read(), \
+         os.environ['STAGE'], os.getcwd())",
+    )
+    .await;
+    assert_eq!(v["stdout"], "['f.txt'] parent one /workspace\n", "{v}");
+    run(
+        &c,
+        &child,
+        "python",
+        "x = 'child'\nopen('/workspace/f.txt', 'w').write('child')",
+    )
+    .await;
+    let v = run(
+        &c,
+        &parent,
+        "python",
+        "print(x, open('/workspace/f.txt').read())",
+    )
+    .await;
+    assert_eq!(v["stdout"], "41 parent\n", "{v}");
+    let v = run(
+        &c,
+        &first,
+        "python",
+        "print(x, open('/workspace/f.txt').read())",
+    )
+    .await;
+    assert_eq!(v["stdout"], "41 parent\n", "{v}");
+
+    // The two forks draw numbers of their own.
+    let draw = "import random, numpy as np\nprint(random.random(), np.random.rand())";
+    let a = run(&c, &first, "python", draw).await;
+    let b = run(&c, &child, "python", draw).await;
+    assert_eq!(a["exit_code"], 0, "{a}");
+    assert_ne!(a["stdout"], b["stdout"], "two forks drew the same numbers");
+
+    // A resume takes the spare too, and keeps everything.
+    wait_spares(&c).await;
+    ok(&c, "pause_sandbox", json!({"id": parent})).await;
+    ok(&c, "resume_sandbox", json!({"id": parent})).await;
+    check_filled(&c, &parent).await;
+    let py = pool(&c, "python-spare").await.unwrap();
+    assert_eq!(py["hits"].as_u64().unwrap(), py_hits + 2, "{py}");
+
+    // A session of another measure resumes as exactly (into a fresh instance where its memory
+    // is smaller than the spare's).
+    let small = create_sandbox(&c, json!({})).await;
+    run(&c, &small, "python", "z = 7").await;
+    wait_spares(&c).await;
+    ok(&c, "pause_sandbox", json!({"id": small})).await;
+    ok(&c, "resume_sandbox", json!({"id": small})).await;
+    let v = run(&c, &small, "python", "print(z)").await;
+    assert_eq!(v["stdout"], "7\n", "{v}");
+    let v = run(
+        &c,
+        &small,
+        "python",
+        "print(sorted(__import__('os').listdir('/workspace')))",
+    )
+    .await;
+    assert_eq!(v["stdout"], "[]\n", "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_from_a_snapshot_has_the_snapshots_state_not_the_sources_later_one() {
     let data = tempfile::tempdir().unwrap();

@@ -35,6 +35,8 @@ const FORMAT_VERSION: u32 = 1;
 /// Fast over ratio: pausing is on a session's path, and most of a heap compresses anyway.
 const ZSTD_LEVEL: i32 = 1;
 const CHECKSUM: usize = 32;
+/// From this many bytes, a restore writes pages on two threads.
+const PARALLEL_BYTES: usize = 2 << 20;
 
 /// A mutable global's value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,6 +165,11 @@ impl InstanceState {
         count(&self.zeros)
     }
 
+    /// The saved host pages, as runs of page indices.
+    pub fn runs(&self) -> &[Range<u64>] {
+        &self.runs
+    }
+
     pub fn saved_bytes(&self) -> usize {
         self.data.len()
     }
@@ -191,6 +198,60 @@ fn private(entry: u64) -> bool {
     entry & (PM_PRESENT | PM_SWAP) != 0 && entry & PM_FILE == 0
 }
 
+/// Host pages as runs of page indices.
+fn page_runs(bytes: Vec<Range<usize>>) -> Vec<Range<u64>> {
+    bytes
+        .into_iter()
+        .map(|r| (r.start / PAGE) as u64..r.end.div_ceil(PAGE) as u64)
+        .collect()
+}
+
+/// The host pages of `mem` that are this process's own ([`private`]), and those of the image
+/// it has mapped, as runs of page indices: from one `PAGEMAP_SCAN`, or on a kernel without it
+/// from the pagemap's entries (which leaves the mapped ones out).
+fn scan_pages(mem: &[u8]) -> std::io::Result<(Vec<Range<u64>>, Vec<Range<u64>>)> {
+    match super::prefault::scan(mem.as_ptr(), mem.len()) {
+        Ok(s) => Ok((page_runs(s.own), page_runs(s.mapped))),
+        Err(e) => {
+            tracing::debug!("PAGEMAP_SCAN failed ({e}); reading the pagemap");
+            let entries = super::prefault::pagemap(mem.as_ptr(), mem.len().div_ceil(PAGE))?;
+            let mut runs = Vec::new();
+            for (page, &e) in entries.iter().enumerate() {
+                if private(e) {
+                    push_page(&mut runs, page as u64);
+                }
+            }
+            Ok((runs, Vec::new()))
+        }
+    }
+}
+
+/// `runs` without the pages in `have` (both ascending and disjoint).
+fn without(runs: &[Range<u64>], have: &[Range<u64>]) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    let mut h = have.iter().peekable();
+    for run in runs {
+        let mut start = run.start;
+        while start < run.end {
+            while h.peek().is_some_and(|x| x.end <= start) {
+                h.next();
+            }
+            match h.peek() {
+                Some(x) if x.start <= start => start = x.end.min(run.end),
+                Some(x) if x.start < run.end => {
+                    out.push(start..x.start);
+                    start = x.end.min(run.end);
+                }
+                _ => {
+                    out.push(start..run.end);
+                    start = run.end;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Captures `instance`'s state: `memory` (its only linear memory) and its exported
 /// `wasmbox:global:N` globals. A global holding a reference cannot be captured. Without the
 /// pagemap (not Linux, or refused) every page is read and each one not zero is saved: slower
@@ -200,12 +261,13 @@ pub fn capture(
     instance: &Instance,
     memory: Memory,
 ) -> Result<InstanceState> {
-    capture_with(store, instance, memory, Scan::Pagemap, true)
+    capture_with(store, instance, memory, Scan::Pagemap, None)
 }
 
 /// Makes `to`, a fresh instance of the image `from` was made from, hold `from`'s state: as
 /// [`capture`] then [`restore`], but each page goes straight from one memory to the other, so
-/// a fork copies its parent's pages once and allocates no buffer for them.
+/// a fork copies its parent's pages once and allocates no buffer for them. Returns what was
+/// copied.
 pub fn copy(
     mut from: impl AsContextMut,
     from_instance: &Instance,
@@ -213,8 +275,16 @@ pub fn copy(
     to: impl AsContextMut,
     to_instance: &Instance,
     to_memory: Memory,
-) -> Result<()> {
-    let plan = capture_with(&mut from, from_instance, from_memory, Scan::Pagemap, false)?;
+    ahead: &[Range<u64>],
+) -> Result<Copied> {
+    let mut mapped = Vec::new();
+    let plan = capture_with(
+        &mut from,
+        from_instance,
+        from_memory,
+        Scan::Pagemap,
+        Some(&mut mapped),
+    )?;
     let from = from.as_context();
     restore_from(
         to,
@@ -222,7 +292,22 @@ pub fn copy(
         to_memory,
         &plan,
         Pages::Memory(from_memory.data(&from)),
-    )
+        ahead,
+    )?;
+    Ok(Copied {
+        state: plan,
+        mapped,
+    })
+}
+
+/// What [`copy`] copied.
+#[derive(Debug)]
+pub struct Copied {
+    /// The state, its pages named but not held.
+    pub state: InstanceState,
+    /// The image's pages the source had mapped (read, not written), as runs of host page
+    /// indices: what the copy's first turns are likely to read.
+    pub mapped: Vec<Range<u64>>,
 }
 
 /// Where a restore's page bytes come from.
@@ -234,15 +319,17 @@ enum Pages<'a> {
     Memory(&'a [u8]),
 }
 
-/// With `keep` false, the pages to save are found and named but their bytes are not copied
-/// (the state's `data` stays empty): [`copy`] reads them from the memory itself.
+/// With `mapped` given, the pages to save are found and named but their bytes are not copied
+/// (the state's `data` stays empty): [`copy`] reads them from the memory itself. The image's
+/// pages the instance has mapped go to `mapped`.
 fn capture_with(
     mut store: impl AsContextMut,
     instance: &Instance,
     memory: Memory,
     scan: Scan,
-    keep: bool,
+    mapped: Option<&mut Vec<Range<u64>>>,
 ) -> Result<InstanceState> {
+    let keep = mapped.is_none();
     let mut store = store.as_context_mut();
     rewritten(&mut store, instance, memory, "capture")?;
     let mut globals = Vec::new();
@@ -260,13 +347,19 @@ fn capture_with(
     let memory_pages = memory.size(&store);
     let initial = memory.ty(&store).minimum().saturating_mul(page_size);
     let mem = memory.data(&store);
-    let pages = mem.len().div_ceil(PAGE);
-    let entries = match scan {
-        Scan::Pagemap => super::prefault::pagemap(mem.as_ptr(), pages)
+    let pages = mem.len().div_ceil(PAGE) as u64;
+    let private = match scan {
+        Scan::Pagemap => scan_pages(mem)
             .inspect_err(|e| {
                 tracing::warn!("capturing an instance without the pagemap (reading all): {e}")
             })
-            .ok(),
+            .ok()
+            .map(|(own, image)| {
+                if let Some(m) = mapped {
+                    *m = image;
+                }
+                own
+            }),
         Scan::Full => None,
     };
     let mut state = InstanceState {
@@ -279,16 +372,18 @@ fn capture_with(
         clock_ns: 0,
         meta: BTreeMap::new(),
     };
-    if let Some(entries) = entries.as_ref().filter(|_| keep) {
-        state
-            .data
-            .reserve(entries.iter().filter(|&&e| private(e)).count() * PAGE);
+    if let (Some(runs), false) = (&private, keep) {
+        // A copy takes every private page as it is: testing which are zero would read them all
+        // once more, and a zero page copied is as exact as one zeroed.
+        state.runs = runs.clone();
+        return Ok(state);
+    }
+    let candidates = private.unwrap_or_else(|| vec![0..pages]);
+    if keep {
+        state.data.reserve(count(&candidates) as usize * PAGE);
     }
     let len = mem.len() as u64;
-    for page in 0..pages as u64 {
-        if entries.as_ref().is_some_and(|e| !private(e[page as usize])) {
-            continue;
-        }
+    for page in candidates.into_iter().flatten() {
         let bytes = &mem[byte_range(&(page..page + 1), len)];
         if !is_zero(bytes) {
             push_page(&mut state.runs, page);
@@ -337,14 +432,18 @@ fn exported_globals(mut store: impl AsContextMut, instance: &Instance) -> Vec<(u
 
 /// Makes a fresh instance of the image `state` was captured from hold that state: grows its
 /// memory to the saved size, writes the saved pages and sets the globals. The instance must be
-/// as instantiated (not run, not grown): pages not in the state are left as they are.
+/// as instantiated, not run (its memory may have been grown, up to the state's size, and its
+/// pages faulted in: what a fresh instance reads is unchanged); pages not in the state are
+/// left as they are. `ahead` names host pages already made the instance's own (faulted in
+/// ahead of time), which need no fault here; a page named wrongly only faults in later.
 pub fn restore(
     store: impl AsContextMut,
     instance: &Instance,
     memory: Memory,
     state: &InstanceState,
+    ahead: &[Range<u64>],
 ) -> Result<()> {
-    restore_from(store, instance, memory, state, Pages::Saved)
+    restore_from(store, instance, memory, state, Pages::Saved, ahead)
 }
 
 fn restore_from(
@@ -353,6 +452,7 @@ fn restore_from(
     memory: Memory,
     state: &InstanceState,
     pages: Pages,
+    ahead: &[Range<u64>],
 ) -> Result<()> {
     let mut store = store.as_context_mut();
     let other = |what: String| {
@@ -391,14 +491,17 @@ fn restore_from(
         )));
     }
     let current = memory.size(&store);
-    if current != memory.ty(&store).minimum() {
-        return Err(Error::Wasm(format!(
-            "cannot restore into an instance that has run: its memory grew to {current} pages"
+    let minimum = memory.ty(&store).minimum();
+    if state.memory_pages < minimum {
+        return Err(other(format!(
+            "its memory ({} pages) is smaller than a fresh instance's ({minimum})",
+            state.memory_pages
         )));
     }
-    if state.memory_pages < current {
-        return Err(other(format!(
-            "its memory ({} pages) is smaller than a fresh instance's ({current})",
+    // Grown ahead, not run: a spare (`lang::spare`) is grown towards the size it expects.
+    if current > state.memory_pages {
+        return Err(Error::Wasm(format!(
+            "cannot restore into a memory of {current} pages, larger than the state's {}",
             state.memory_pages
         )));
     }
@@ -421,18 +524,6 @@ fn restore_from(
             state.memory_bytes()
         )));
     }
-    let spans: Vec<Range<usize>> = state.runs.iter().map(|r| byte_range(r, len)).collect();
-    #[cfg(target_os = "linux")]
-    // SAFETY: the runs lie within the memory's accessible part (its length was just checked),
-    // borrowed mutably here; POPULATE_WRITE faults the pages in as the writes below would.
-    unsafe {
-        super::prefault::advise(
-            &spans,
-            mem.as_mut_ptr(),
-            mem.len(),
-            libc::MADV_POPULATE_WRITE,
-        );
-    }
     for run in &state.zeros {
         for page in run.clone() {
             let page = &mut mem[byte_range(&(page..page + 1), len)];
@@ -441,15 +532,62 @@ fn restore_from(
             }
         }
     }
+    let spans: Vec<Range<usize>> = state.runs.iter().map(|r| byte_range(r, len)).collect();
+    let absent: Vec<Range<usize>> = without(&state.runs, ahead)
+        .iter()
+        .map(|r| byte_range(r, len))
+        .collect();
     let mut at = 0;
-    for span in spans {
-        let n = span.len();
-        let bytes = match pages {
-            Pages::Saved => &state.data[at..at + n],
-            Pages::Memory(from) => &from[span.clone()],
-        };
-        mem[span].copy_from_slice(bytes);
-        at += n;
+    let sources: Vec<usize> = spans
+        .iter()
+        .map(|s| {
+            at += s.len();
+            at - s.len()
+        })
+        .collect();
+    let source = |i: usize, span: &Range<usize>| match pages {
+        Pages::Saved => &state.data[sources[i]..sources[i] + span.len()],
+        Pages::Memory(from) => &from[span.clone()],
+    };
+    // Half the pages on a second thread when there are many: filling a few MiB is one core's
+    // page faults and memory bandwidth, and the host's other cores wait on this restore.
+    let split = if at >= PARALLEL_BYTES {
+        sources.partition_point(|&o| o < at / 2)
+    } else {
+        spans.len()
+    };
+    let boundary = spans.get(split).map_or(mem.len(), |s| s.start);
+    let (lo, hi) = mem.split_at_mut(boundary);
+    let (lo_absent, hi_absent) = absent.split_at(absent.partition_point(|r| r.start < boundary));
+    let hi_absent: Vec<Range<usize>> = hi_absent
+        .iter()
+        .map(|r| r.start - boundary..r.end - boundary)
+        .collect();
+    let fill = |part: &mut [u8], base: usize, range: Range<usize>, absent: &[Range<usize>]| {
+        #[cfg(target_os = "linux")]
+        // SAFETY: the runs lie within `part`, part of the memory's accessible part (its length
+        // was checked), borrowed mutably here; POPULATE_WRITE faults the pages in as the writes
+        // below would.
+        unsafe {
+            super::prefault::advise(
+                absent,
+                part.as_mut_ptr(),
+                part.len(),
+                libc::MADV_POPULATE_WRITE,
+            );
+        }
+        for i in range {
+            let span = &spans[i];
+            part[span.start - base..span.end - base].copy_from_slice(source(i, span));
+        }
+    };
+    if split < spans.len() {
+        std::thread::scope(|scope| {
+            scope.spawn(|| fill(hi, boundary, split..spans.len(), &hi_absent));
+            fill(lo, 0, 0..split, lo_absent);
+        });
+    } else {
+        fill(lo, 0, 0..split, lo_absent);
     }
 
     for ((index, global), (_, value)) in globals.iter().zip(&state.globals) {
@@ -880,13 +1018,13 @@ mod tests {
             match scan {
                 Scan::Pagemap => capture(&mut self.store, &self.instance, self.memory),
                 Scan::Full => {
-                    capture_with(&mut self.store, &self.instance, self.memory, scan, true)
+                    capture_with(&mut self.store, &self.instance, self.memory, scan, None)
                 }
             }
         }
 
         fn restore(&mut self, state: &InstanceState) -> Result<()> {
-            restore(&mut self.store, &self.instance, self.memory, state)
+            restore(&mut self.store, &self.instance, self.memory, state, &[])
         }
     }
 
@@ -961,6 +1099,7 @@ mod tests {
                 &mut b.store,
                 &b.instance,
                 b.memory,
+                &[],
             )
             .unwrap();
             let mut c = Guest::new(&module);
@@ -1060,7 +1199,7 @@ mod tests {
         let mut grown = Guest::new(&module);
         grown.call::<_, i32>("grow", 1);
         let err = grown.restore(&state).unwrap_err().to_string();
-        assert!(err.contains("has run"), "{err}");
+        assert!(err.contains("larger than the state's"), "{err}");
 
         let mut smaller = state.clone();
         smaller.memory_pages = 2;
@@ -1093,7 +1232,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("not the instance's memory 0"), "{err}");
-        let err = restore(&mut c.store, &c.instance, stray, &state)
+        let err = restore(&mut c.store, &c.instance, stray, &state, &[])
             .unwrap_err()
             .to_string();
         assert!(err.contains("not the instance's memory 0"), "{err}");
@@ -1354,6 +1493,118 @@ mod tests {
         assert!(!private(PM_PRESENT | PM_FILE), "the image's page");
         assert!(!private(PM_SWAP | PM_FILE), "the image's page, migrating");
         assert!(!private(0), "not mapped: the image's, or zero");
+    }
+
+    /// What a spare is (`lang::spare`): grown ahead and some of its pages faulted in, not run.
+    #[test]
+    fn copy_into_an_instance_made_ahead_gives_the_same() {
+        for (label, module) in setups(image()) {
+            let mut a = Guest::new(&module);
+            a.store(8, 111);
+            a.store(4096, 0);
+            assert_eq!(a.call::<_, i32>("grow", 2), 4, "{label}");
+            a.store(70 * P, 333);
+            let mut fresh = Guest::new(&module);
+            copy(
+                &mut a.store,
+                &a.instance,
+                a.memory,
+                &mut fresh.store,
+                &fresh.instance,
+                fresh.memory,
+                &[],
+            )
+            .unwrap();
+            let mut ahead = Guest::new(&module);
+            ahead.memory.grow(&mut ahead.store, 1).unwrap();
+            let mem = ahead.memory.data_mut(&mut ahead.store);
+            // SAFETY: the memory's accessible part; POPULATE_WRITE keeps contents.
+            unsafe {
+                super::super::prefault::advise(
+                    &[0..2 * PAGE, 16 * PAGE..17 * PAGE, 66 * PAGE..68 * PAGE],
+                    mem.as_mut_ptr(),
+                    mem.len(),
+                    libc::MADV_POPULATE_WRITE,
+                );
+            }
+            let plan = copy(
+                &mut a.store,
+                &a.instance,
+                a.memory,
+                &mut ahead.store,
+                &ahead.instance,
+                ahead.memory,
+                // Page 70 was not made ahead: named wrongly, it faults in as it is written.
+                &[0..2, 16..17, 66..68, 70..71],
+            )
+            .unwrap();
+            assert_eq!(
+                ahead.memory.data(&ahead.store),
+                fresh.memory.data(&fresh.store),
+                "{label}"
+            );
+            assert!(plan.state.saved_pages() >= 3, "{label}: {:?}", plan.state);
+            // Grown past the state: refused, not silently bigger.
+            let mut bigger = Guest::new(&module);
+            bigger.memory.grow(&mut bigger.store, 3).unwrap();
+            let err = copy(
+                &mut a.store,
+                &a.instance,
+                a.memory,
+                &mut bigger.store,
+                &bigger.instance,
+                bigger.memory,
+                &[],
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("larger than the state's"), "{label}: {err}");
+        }
+    }
+
+    #[test]
+    fn without_takes_out_the_pages_an_instance_has() {
+        assert_eq!(
+            without(&[0..10, 12..14, 20..30], &[2..4, 9..13, 25..26, 29..40]),
+            vec![0..2, 4..9, 13..14, 20..25, 26..29]
+        );
+        assert_eq!(without(&[0..5], &[]), vec![0..5]);
+        assert_eq!(without(&[3..5], &[0..10]), Vec::<Range<u64>>::new());
+    }
+
+    /// The scan's runs are the pages the pagemap entries sort the same way, on a real mapping:
+    /// written pages of an image-backed memory, a read one and one past the image.
+    #[test]
+    fn the_scan_finds_what_the_pagemap_entries_say() {
+        let (_, module) = setups(image()).remove(0);
+        let mut a = Guest::new(&module);
+        for at in [0, 8 * P, 9 * P, 30 * P, 31 * P + 4, 50 * P] {
+            a.store(at, 1);
+        }
+        // A read of the image's page 2 (its data covers pages 0 to 16), and one past it.
+        let _ = a.load(2 * P);
+        let _ = a.load(40 * P);
+        let mem = a.memory.data(&a.store);
+        let entries = super::super::prefault::pagemap(mem.as_ptr(), mem.len() / PAGE).unwrap();
+        let (mut expected, mut image) = (Vec::new(), Vec::new());
+        for (page, &e) in entries.iter().enumerate() {
+            if private(e) {
+                push_page(&mut expected, page as u64);
+            } else if e & PM_PRESENT != 0 {
+                push_page(&mut image, page as u64);
+            }
+        }
+        match super::super::prefault::scan(mem.as_ptr(), mem.len()) {
+            Ok(s) => {
+                let (own, mapped) = (page_runs(s.own), page_runs(s.mapped));
+                assert_eq!(own, expected);
+                assert_eq!(mapped, image);
+                assert!(count(&own) >= 5, "{own:?}");
+                assert!(mapped.iter().any(|r| r.contains(&2)), "{mapped:?}");
+            }
+            Err(e) => eprintln!("no PAGEMAP_SCAN here ({e}): not exercised"),
+        }
+        assert_eq!(scan_pages(mem).unwrap().0, expected);
     }
 
     /// Pages swapped out are still saved. Needs swap (and Linux 5.4's MADV_PAGEOUT); without,

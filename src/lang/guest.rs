@@ -79,45 +79,21 @@ pub struct Guest {
     _scratch: Option<Scratch>,
 }
 
-impl Guest {
-    /// A fresh store for `req`: empty `/workspace` and `/tmp`, no host environment, no sockets,
-    /// capped output, the memory cap and the deadline armed (it covers instantiation too).
-    pub fn new(engine: &Engine, req: &ExecRequest, spec: &GuestSpec<'_>) -> Result<Self> {
-        let mut guest = Self::unarmed_in(engine, spec, &req.env, req.place.as_ref())?;
-        guest.arm(req);
-        Ok(guest)
-    }
+/// What a guest's store holds and the handles [`Guest`] keeps beside it, for a place.
+struct Parts {
+    state: GuestState,
+    stdout: CappedOutput,
+    stderr: CappedOutput,
+    scratch: Option<Scratch>,
+}
 
-    /// A store not yet tied to a request (for pools): default caps, and a deadline far away
-    /// that [`Guest::arm`] replaces. `env` comes after the spec's base environment.
-    pub fn unarmed(
-        engine: &Engine,
-        spec: &GuestSpec<'_>,
-        env: &BTreeMap<String, String>,
-    ) -> Result<Self> {
-        Self::unarmed_in(engine, spec, env, None)
-    }
-
-    /// As [`Guest::unarmed`], in a sandbox's directories when `place` is given (`PWD` is then
-    /// its working directory).
-    pub fn unarmed_in(
-        engine: &Engine,
-        spec: &GuestSpec<'_>,
-        env: &BTreeMap<String, String>,
-        place: Option<&Place>,
-    ) -> Result<Self> {
-        Self::unarmed_at(engine, spec, env, place, Duration::ZERO)
-    }
-
-    /// As [`Guest::unarmed_in`], with the guest's monotonic clock reading `clock` now.
-    pub fn unarmed_at(
-        engine: &Engine,
+impl Parts {
+    fn new(
         spec: &GuestSpec<'_>,
         env: &BTreeMap<String, String>,
         place: Option<&Place>,
         clock: Duration,
     ) -> Result<Self> {
-        let start = Instant::now();
         let scratch = match place {
             Some(_) => None,
             None => Some(Scratch::take()?),
@@ -157,9 +133,8 @@ impl Guest {
         wasi.preopened_dir(ws_dir, WORKSPACE_GUEST, FsPerms::ReadWrite)
             .and_then(|w| w.preopened_dir(tmp_dir, TMP_GUEST, FsPerms::ReadWrite))
             .map_err(engine_err)?;
-        let mut store = Store::new(
-            engine,
-            GuestState {
+        Ok(Self {
+            state: GuestState {
                 wasi: wasi.build_p1(),
                 limiter: MemoryLimiter::new(usize::MAX),
                 watch,
@@ -168,19 +143,90 @@ impl Guest {
                 stdio: [stdout.clone(), stderr.clone()],
                 images: Default::default(),
             },
-        );
+            stdout,
+            stderr,
+            scratch,
+        })
+    }
+}
+
+impl Guest {
+    /// A fresh store for `req`: empty `/workspace` and `/tmp`, no host environment, no sockets,
+    /// capped output, the memory cap and the deadline armed (it covers instantiation too).
+    pub fn new(engine: &Engine, req: &ExecRequest, spec: &GuestSpec<'_>) -> Result<Self> {
+        let mut guest = Self::unarmed_in(engine, spec, &req.env, req.place.as_ref())?;
+        guest.arm(req);
+        Ok(guest)
+    }
+
+    /// A store not yet tied to a request (for pools): default caps, and a deadline far away
+    /// that [`Guest::arm`] replaces. `env` comes after the spec's base environment.
+    pub fn unarmed(
+        engine: &Engine,
+        spec: &GuestSpec<'_>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Self> {
+        Self::unarmed_in(engine, spec, env, None)
+    }
+
+    /// As [`Guest::unarmed`], in a sandbox's directories when `place` is given (`PWD` is then
+    /// its working directory).
+    pub fn unarmed_in(
+        engine: &Engine,
+        spec: &GuestSpec<'_>,
+        env: &BTreeMap<String, String>,
+        place: Option<&Place>,
+    ) -> Result<Self> {
+        Self::unarmed_at(engine, spec, env, place, Duration::ZERO)
+    }
+
+    /// As [`Guest::unarmed_in`], with the guest's monotonic clock reading `clock` now.
+    pub fn unarmed_at(
+        engine: &Engine,
+        spec: &GuestSpec<'_>,
+        env: &BTreeMap<String, String>,
+        place: Option<&Place>,
+        clock: Duration,
+    ) -> Result<Self> {
+        let start = Instant::now();
+        let parts = Parts::new(spec, env, place, clock)?;
+        let mut store = Store::new(engine, parts.state);
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(deadline_ticks(UNARMED_DEADLINE));
         store.epoch_deadline_trap();
         Ok(Self {
             store,
-            stdout,
-            stderr,
+            stdout: parts.stdout,
+            stderr: parts.stderr,
             start,
             running: None,
             callback: false,
-            _scratch: scratch,
+            _scratch: parts.scratch,
         })
+    }
+
+    /// Makes this unarmed guest, whose instance has not run, what [`Guest::unarmed_at`] would
+    /// have made for `place` and `clock`: an instance made ahead of time (a spare) takes its
+    /// session's directories and clock when it is taken. Everything the guest held lives in its
+    /// store's state and is replaced; the instance has made no host call that could keep any.
+    pub fn rebind(
+        &mut self,
+        spec: &GuestSpec<'_>,
+        env: &BTreeMap<String, String>,
+        place: Option<&Place>,
+        clock: Duration,
+    ) -> Result<()> {
+        debug_assert!(self.running.is_none(), "rebinding an armed guest");
+        let parts = Parts::new(spec, env, place, clock)?;
+        *self.store.data_mut() = parts.state;
+        self.store
+            .set_epoch_deadline(deadline_ticks(UNARMED_DEADLINE));
+        self.stdout = parts.stdout;
+        self.stderr = parts.stderr;
+        self._scratch = parts.scratch;
+        self.start = Instant::now();
+        self.callback = false;
+        Ok(())
     }
 
     /// Applies `req`'s limits from now on and restarts the clock: called when a request takes

@@ -17,6 +17,7 @@ use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
 };
 use super::session::{Session, SessionRuntime, StateKeyCell};
+use super::spare::{Spares, rebind_with};
 use super::{ExecRequest, ExecResult, Language, Place};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
@@ -48,6 +49,7 @@ pub fn module_path(runtimes_dir: &Path) -> PathBuf {
 pub struct JsRuntime {
     shared: Arc<Shared>,
     pool: Pool<Ready, Error>,
+    spares: Spares,
 }
 
 /// What every instance is made from; the pool's refill threads hold it too.
@@ -66,6 +68,14 @@ struct Shared {
 impl Shared {
     /// A new context, made in `place`'s directories or fresh ones, not yet armed with a
     /// request's limits.
+    /// A fresh instance in `place`, not run (not even its runtime's init), its clock reading
+    /// `clock`.
+    fn instantiate_at(&self, place: Option<&Place>, clock: Duration) -> Result<(Guest, Instance)> {
+        let mut guest = Guest::unarmed_at(&self.engine, &spec(), &BTreeMap::new(), place, clock)?;
+        let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
+        Ok((guest, instance))
+    }
+
     fn instantiate_in(&self, place: Option<&Place>) -> Result<Ready> {
         let mut guest = Guest::unarmed_in(&self.engine, &spec(), &BTreeMap::new(), place)?;
         let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
@@ -171,11 +181,36 @@ impl JsRuntime {
             move || s.instantiate_in(None),
             None,
         );
-        Ok((Self { shared, pool }, origin))
+        let made = shared.clone();
+        let spares = Spares::new(
+            "javascript-spare",
+            move || {
+                let (mut guest, instance) = made.instantiate_at(None, Duration::ZERO)?;
+                // What a first eval touches, as pooled instances have it.
+                if let Some(memory) = instance.get_memory(&mut guest.store, "memory") {
+                    made.pages.populate_memory(&guest.store, memory);
+                }
+                Ok((guest, instance))
+            },
+            move |guest, place, clock| rebind_with(&spec(), guest, place, clock),
+        );
+        Ok((
+            Self {
+                shared,
+                pool,
+                spares,
+            },
+            origin,
+        ))
     }
 
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.stats()
+    }
+
+    /// The counters of the spare instance kept for restores and forks, once there is one.
+    pub fn spare_stats(&self) -> Option<PoolStats> {
+        self.spares.stats()
     }
 
     /// Whether instances start from the pre-initialised image.
@@ -251,19 +286,7 @@ impl SessionRuntime for JsRuntime {
     }
 
     fn instantiate(&self, req: &ExecRequest, clock: Duration) -> Result<(Guest, Instance)> {
-        let mut guest = Guest::unarmed_at(
-            &self.shared.engine,
-            &spec(),
-            &BTreeMap::new(),
-            req.place.as_ref(),
-            clock,
-        )?;
-        let instance = self
-            .shared
-            .pre
-            .instantiate(&mut guest.store)
-            .map_err(engine_err)?;
-        Ok((guest, instance))
+        self.shared.instantiate_at(req.place.as_ref(), clock)
     }
 
     /// Runs `req.code` (echoing a final expression when `req.echo`) with `req`'s limits, env and
@@ -291,6 +314,10 @@ impl SessionRuntime for JsRuntime {
         reseed
             .call(&mut s.guest.store, ())
             .map_err(|e| Error::wasm(format!("javascript: reseeding a copied session: {e:#}")))
+    }
+
+    fn spares(&self) -> &Spares {
+        &self.spares
     }
 }
 

@@ -7,6 +7,7 @@ pub mod images;
 pub mod javascript;
 pub mod python;
 pub mod session;
+pub mod spare;
 pub mod wasi;
 
 use std::collections::BTreeMap;

@@ -20,6 +20,7 @@ use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
 };
 use super::session::{Session, SessionRuntime, StateKeyCell};
+use super::spare::{Spares, rebind_with};
 use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
@@ -299,6 +300,7 @@ struct Shared {
 pub struct PythonRuntime {
     shared: Arc<Shared>,
     pool: Pool<Ready, Error>,
+    spares: Spares,
 }
 
 impl PythonRuntime {
@@ -367,7 +369,29 @@ impl PythonRuntime {
             move || s.make_ready(),
             polish,
         );
-        Ok((Self { shared, pool }, origin))
+        let (made, bound) = (shared.clone(), shared.clone());
+        let spares = Spares::new(
+            "python-spare",
+            move || {
+                let (mut guest, instance) = made.instantiate_at(None, Duration::ZERO)?;
+                // What a first turn touches, as pooled instances have it.
+                if let (Some(fast), Some(memory)) =
+                    (&made.fast, instance.get_memory(&mut guest.store, "memory"))
+                {
+                    fast.pages.populate_memory(&guest.store, memory);
+                }
+                Ok((guest, instance))
+            },
+            move |guest, place, clock| rebind_with(&bound.paths.spec(), guest, place, clock),
+        );
+        Ok((
+            Self {
+                shared,
+                pool,
+                spares,
+            },
+            origin,
+        ))
     }
 
     /// Whether the pre-initialised image is in use.
@@ -379,9 +403,19 @@ impl PythonRuntime {
         self.pool.stats()
     }
 
+    /// The counters of the spare instance kept for restores and forks, once there is one.
+    pub fn spare_stats(&self) -> Option<PoolStats> {
+        self.spares.stats()
+    }
+
     /// Waits until the pool is full (benches measure the hit path with this).
     pub fn wait_pool_full(&self, timeout: std::time::Duration) -> bool {
         self.pool.wait_full(timeout)
+    }
+
+    /// Waits until the spare instance for restores and forks is made ([`Spares::wait_ready`]).
+    pub fn wait_spare(&self, timeout: std::time::Duration) -> bool {
+        self.spares.wait_ready(timeout)
     }
 
     /// Runs `req` in a ready instance (from the pool, or made now when the pool is empty) and
@@ -497,6 +531,10 @@ impl SessionRuntime for PythonRuntime {
     fn reseed(&self, s: &mut Session) -> Result<()> {
         run_turn(&mut s.guest.store, &s.instance, &call(("script", RESEED)))
             .map_err(|e| Error::wasm(format!("python: reseeding a copied session: {e:#}")))
+    }
+
+    fn spares(&self) -> &Spares {
+        &self.spares
     }
 }
 

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::{Instance, Memory};
 
 use super::guest::Guest;
+use super::spare::Made;
 use super::{ExecRequest, ExecResult, LangError as Error, Language, Result};
 use crate::engine::state::{self, InstanceState, StateKey};
 
@@ -103,6 +104,27 @@ pub trait SessionRuntime: Send + Sync {
     /// Gives a copied session random generators of its own, so a fork does not draw its
     /// parent's numbers.
     fn reseed(&self, session: &mut Session) -> Result<()>;
+
+    /// Instances made ahead for restores and copies.
+    fn spares(&self) -> &super::spare::Spares;
+}
+
+/// An instance, not run, for a state of `memory_pages` in `req`'s place: the runtime's spare
+/// when it has one that fits, else a fresh one.
+fn instance_for(
+    rt: &dyn SessionRuntime,
+    req: &ExecRequest,
+    clock: Duration,
+    memory_pages: u64,
+) -> Result<Made> {
+    match rt.spares().take(req.place.as_ref(), clock, memory_pages) {
+        Some(made) => Ok(made),
+        None => rt.instantiate(req, clock).map(|(guest, instance)| Made {
+            guest,
+            instance,
+            ahead: Vec::new(),
+        }),
+    }
 }
 
 /// A session of `rt` holding `st`, and notes on what it could not keep.
@@ -111,9 +133,15 @@ pub fn restore(
     req: &ExecRequest,
     st: &InstanceState,
 ) -> Result<(Session, Vec<String>)> {
-    let (mut guest, instance) = rt.instantiate(req, Duration::from_nanos(st.clock_ns))?;
+    let clock = Duration::from_nanos(st.clock_ns);
+    let Made {
+        mut guest,
+        instance,
+        ahead,
+    } = instance_for(rt, req, clock, st.memory_pages())?;
     let memory = exported_memory(&mut guest, &instance)?;
-    state::restore(&mut guest.store, &instance, memory, st)?;
+    state::restore(&mut guest.store, &instance, memory, st, &ahead)?;
+    rt.spares().learn(st, None);
     let notes = open_files_note(rt, st.meta.get(OPEN_FILES).map(String::as_str), "saved");
     Ok((Session::new(guest, instance), notes))
 }
@@ -131,18 +159,27 @@ pub fn fork(
             "the session has ended; there is nothing to copy".into(),
         ));
     }
-    let (mut guest, instance) =
-        rt.instantiate(req, Duration::from_nanos(parent.guest.clock_ns()))?;
     let from = parent.memory()?;
+    let clock = Duration::from_nanos(parent.guest.clock_ns());
+    let Made {
+        mut guest,
+        instance,
+        ahead,
+    } = instance_for(rt, req, clock, from.size(&parent.guest.store))?;
     let to = exported_memory(&mut guest, &instance)?;
-    state::copy(
+    let state::Copied {
+        state: copied,
+        mapped,
+    } = state::copy(
         &mut parent.guest.store,
         &parent.instance,
         from,
         &mut guest.store,
         &instance,
         to,
+        &ahead,
     )?;
+    rt.spares().learn(&copied, Some(&mapped));
     let open = parent.guest.open_files();
     let notes = open_files_note(
         rt,
