@@ -199,7 +199,10 @@ fn private(entry: u64) -> bool {
 }
 
 /// Host pages as runs of page indices.
-fn page_runs(bytes: Vec<Range<usize>>) -> Vec<Range<u64>> {
+type Runs = Vec<Range<u64>>;
+
+/// Byte runs as [`Runs`].
+fn page_runs(bytes: Vec<Range<usize>>) -> Runs {
     bytes
         .into_iter()
         .map(|r| (r.start / PAGE) as u64..r.end.div_ceil(PAGE) as u64)
@@ -209,7 +212,7 @@ fn page_runs(bytes: Vec<Range<usize>>) -> Vec<Range<u64>> {
 /// The host pages of `mem` that are this process's own ([`private`]), and those of the image
 /// it has mapped, as runs of page indices: from one `PAGEMAP_SCAN`, or on a kernel without it
 /// from the pagemap's entries (which leaves the mapped ones out).
-fn scan_pages(mem: &[u8]) -> std::io::Result<(Vec<Range<u64>>, Vec<Range<u64>>)> {
+fn scan_pages(mem: &[u8]) -> std::io::Result<(Runs, Runs)> {
     match super::prefault::scan(mem.as_ptr(), mem.len()) {
         Ok(s) => Ok((page_runs(s.own), page_runs(s.mapped))),
         Err(e) => {
@@ -378,7 +381,7 @@ fn capture_with(
         state.runs = runs.clone();
         return Ok(state);
     }
-    let candidates = private.unwrap_or_else(|| vec![0..pages]);
+    let candidates = private.unwrap_or_else(|| std::iter::once(0..pages).collect());
     if keep {
         state.data.reserve(count(&candidates) as usize * PAGE);
     }
@@ -1568,8 +1571,8 @@ mod tests {
             without(&[0..10, 12..14, 20..30], &[2..4, 9..13, 25..26, 29..40]),
             vec![0..2, 4..9, 13..14, 20..25, 26..29]
         );
-        assert_eq!(without(&[0..5], &[]), vec![0..5]);
-        assert_eq!(without(&[3..5], &[0..10]), Vec::<Range<u64>>::new());
+        assert_eq!(without(&[0..5, 7..8], &[]), vec![0..5, 7..8]);
+        assert_eq!(without(&[3..5, 6..7], &[0..10, 20..21]), Runs::new());
     }
 
     /// The scan's runs are the pages the pagemap entries sort the same way, on a real mapping:
