@@ -80,6 +80,24 @@ async def main() -> int:
         o = await run(s, sid, "print(x)")
         report(o["stdout"] == "41\n", "the parent keeps its own x", o)
 
+        # The resume and the fork left a spare instance made to the session's measure.
+        spare = {}
+        for _ in range(200):
+            _, m = await call(s, "get_system_metrics", {})
+            spare = next((p for p in m["pools"] if p["name"] == "python-spare"), {})
+            if spare.get("ready") == 1:
+                break
+            await asyncio.sleep(0.05)
+        _, fk2 = await call(s, "fork_sandbox", {"sandbox_id": sid})
+        o = await run(s, fk2["id"], "print(x, len(df))")
+        _, m = await call(s, "get_system_metrics", {})
+        after = next((p for p in m["pools"] if p["name"] == "python-spare"), {})
+        report(
+            o["stdout"] == "41 10000\n" and after.get("hits", 0) == spare.get("hits", -1) + 1,
+            "a fork into the spare instance sees the parent's state",
+            (o, spare, after),
+        )
+
         _, snap = await call(s, "snapshot_sandbox", {"sandbox_id": sid})
         report(snap["size_bytes"] > 0, "snapshot", snap)
         await run(s, sid, "x = 'later'")
