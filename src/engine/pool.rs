@@ -41,6 +41,8 @@ struct Ready<T> {
     /// Instances taken out of `items` to be polished; they still count towards the target, so
     /// other refill threads do not make replacements for them.
     polishing: usize,
+    /// Instances being made now (not counted: a failed make is not replaced by this count).
+    making: usize,
 }
 
 impl<T> Ready<T> {
@@ -54,6 +56,8 @@ struct Shared<T, E> {
     name: String,
     ready: Mutex<Ready<T>>,
     wake: Condvar,
+    /// Signalled when an item is made, for [`Pool::take_within`].
+    made_one: Condvar,
     target: usize,
     factory: Factory<T, E>,
     polish: Option<Polish<T, E>>,
@@ -94,8 +98,10 @@ impl<T: Send + 'static, E: std::fmt::Display + Send + 'static> Pool<T, E> {
             ready: Mutex::new(Ready {
                 items: VecDeque::with_capacity(target),
                 polishing: 0,
+                making: 0,
             }),
             wake: Condvar::new(),
+            made_one: Condvar::new(),
             target,
             factory: Box::new(factory),
             polish,
@@ -138,6 +144,29 @@ impl<T: Send + 'static, E: std::fmt::Display + Send + 'static> Pool<T, E> {
                 None
             }
         }
+    }
+
+    /// As [`Pool::take`], but when the pool is empty while an instance is being made, waits up
+    /// to `wait` for it: for instances whose making costs a caller more than the wait (made
+    /// beside it, they would contend for the same CPUs and page tables).
+    pub fn take_within(&self, wait: Duration) -> Option<T> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut ready = self.shared.ready.lock().unwrap();
+        while ready.items.is_empty() && ready.making > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            ready = self.shared.made_one.wait_timeout(ready, left).unwrap().0;
+        }
+        let got = ready.items.pop_front();
+        drop(ready);
+        let counter = match got {
+            Some(_) => &self.shared.hits,
+            None => &self.shared.misses,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        got.map(|i| i.t)
     }
 
     /// Wakes a refill thread if the pool is below its target (after the reply, on a guest
@@ -215,6 +244,7 @@ fn refill<T, E: std::fmt::Display>(s: Arc<Shared<T, E>>) {
                     return;
                 }
                 if ready.counted() < s.target {
+                    ready.making += 1;
                     break Next::Make;
                 }
                 // Full: polish the newest unpolished instance (they are at the back).
@@ -240,16 +270,26 @@ fn refill<T, E: std::fmt::Display>(s: Arc<Shared<T, E>>) {
                 if polished {
                     ready.polishing -= 1;
                     ready.items.push_front(item);
-                } else if ready.counted() < s.target {
-                    ready.items.push_back(item);
+                } else {
+                    ready.making -= 1;
+                    if ready.counted() < s.target {
+                        ready.items.push_back(item);
+                    }
                 }
+                drop(ready);
+                s.made_one.notify_all();
                 backoff = Duration::from_millis(100);
             }
             Err(e) => {
                 // A failed polish loses that instance; the next round makes another.
-                if polished {
-                    s.ready.lock().unwrap().polishing -= 1;
+                {
+                    let mut ready = s.ready.lock().unwrap();
+                    match polished {
+                        true => ready.polishing -= 1,
+                        false => ready.making -= 1,
+                    }
                 }
+                s.made_one.notify_all();
                 s.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("pool {}: could not ready an instance: {e}", s.name);
                 std::thread::sleep(backoff);
@@ -266,6 +306,29 @@ fn refill<T, E: std::fmt::Display>(s: Arc<Shared<T, E>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A take that finds the pool empty while an instance is being made waits for it; with
+    /// nothing being made it does not wait.
+    #[test]
+    fn take_within_waits_for_an_instance_being_made() {
+        let pool: Pool<u32> = Pool::new(
+            "slow",
+            1,
+            1,
+            || {
+                std::thread::sleep(Duration::from_millis(100));
+                Ok(7)
+            },
+            None,
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(pool.take(), None, "still being made");
+        assert_eq!(pool.take_within(Duration::from_secs(5)), Some(7));
+        let empty: Pool<u32> = Pool::new("none", 0, 1, || Ok(1), None);
+        let t = std::time::Instant::now();
+        assert_eq!(empty.take_within(Duration::from_secs(5)), None);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    }
 
     /// With several refill threads, instances out being polished still count towards the
     /// target: the others must not make replacements for them.
