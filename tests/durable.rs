@@ -383,22 +383,16 @@ async fn forks_and_resumes_into_spare_instances_are_exact() {
         "x = 'child'\nopen('/workspace/f.txt', 'w').write('child')",
     )
     .await;
-    let v = run(
-        &c,
-        &parent,
-        "python",
-        "print(x, open('/workspace/f.txt').read())",
-    )
-    .await;
-    assert_eq!(v["stdout"], "41 parent\n", "{v}");
-    let v = run(
-        &c,
-        &first,
-        "python",
-        "print(x, open('/workspace/f.txt').read())",
-    )
-    .await;
-    assert_eq!(v["stdout"], "41 parent\n", "{v}");
+    for id in [&parent, &first] {
+        let v = run(
+            &c,
+            id,
+            "python",
+            "print(x, open('/workspace/f.txt').read())",
+        )
+        .await;
+        assert_eq!(v["stdout"], "41 parent\n", "{id}: {v}");
+    }
 
     // The two forks draw numbers of their own.
     let draw = "import random, numpy as np\nprint(random.random(), np.random.rand())";
