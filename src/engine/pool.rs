@@ -133,17 +133,7 @@ impl<T: Send + 'static, E: std::fmt::Display + Send + 'static> Pool<T, E> {
     /// The refill is not started here: call [`Pool::refill`] once the request is answered, so
     /// the refill's page faults do not compete with the request's own.
     pub fn take(&self) -> Option<T> {
-        let got = self.shared.ready.lock().unwrap().items.pop_front();
-        match got {
-            Some(Item { t, .. }) => {
-                self.shared.hits.fetch_add(1, Ordering::Relaxed);
-                Some(t)
-            }
-            None => {
-                self.shared.misses.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        }
+        self.take_within(Duration::ZERO)
     }
 
     /// As [`Pool::take`], but when the pool is empty while an instance is being made, waits up
