@@ -1,7 +1,7 @@
 //! The MCP surface itself: tool list, bad arguments, unknown tools, health, templates, and
 //! protocol faults on the raw stdio stream.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! oversized downloads and process lists, and host paths in error messages. Every call has a
 //! deadline, so a hang fails the test instead of stalling the suite; sparse files take no disk.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -49,7 +49,7 @@ async fn a_sparse_terabyte_file_is_read_in_bounded_windows() {
     let data = tempfile::tempdir().unwrap();
     let c = server_in(data.path(), &[]).await;
     let id = create_sandbox(&c, json!({})).await;
-    // Guests can no longer make one (the disk limit counts apparent sizes: tests/disk.rs), but a
+    // Guests can no longer make one (the disk limit counts apparent sizes: tests/all/disk.rs), but a
     // sparse file can still come from the host side.
     for n in ["big", "big.js", "big.go", "big.py"] {
         let f = std::fs::File::create(host_workspace(data.path(), &id).join(n)).unwrap();

@@ -3,7 +3,7 @@
 //! and handed to the host through the guest's door (never its output), bounded by
 //! `WASMBOX_IMAGES` and `WASMBOX_IMAGE_BYTES`; `file_download` of an image adds an image block.
 
-mod common;
+use crate::common;
 
 use base64::Engine as _;
 use common::*;

@@ -2,7 +2,7 @@
 //! result, and the server answers the next call. (One-shot loops, memory bombs and output
 //! floods per language are in the language test files.)
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

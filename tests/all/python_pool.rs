@@ -1,7 +1,7 @@
 //! The fast path: a pre-initialised Python image (scientific stack already imported) served from
 //! a pool of ready instances, over stdio MCP.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! restart on the same data directory, forks, snapshots, idle and capacity swap-out, and what a
 //! damaged state file gives (a note and a fresh session), all over MCP with rmcp's client.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

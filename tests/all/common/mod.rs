@@ -2,6 +2,8 @@
 //! rmcp's client, exactly as an assistant would.
 #![allow(dead_code)]
 
+pub mod fake_hopx;
+
 use std::process::Stdio;
 use std::sync::OnceLock;
 

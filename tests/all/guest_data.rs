@@ -2,7 +2,7 @@
 //! #22, class 2): a replaced rich-output hook, job output that JSON escaping inflates, and a
 //! sandbox's env.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

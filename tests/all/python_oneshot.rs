@@ -1,6 +1,6 @@
 //! Python one-shots over stdio MCP, through the real binary and a real MCP client.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::json;
@@ -118,7 +118,7 @@ async fn output_flood_is_truncated() {
     assert_eq!(r["truncated"], true, "{}", r["stderr"]);
     assert_eq!(r["exit_code"], 0);
     // The output cap keeps the start and the end; the answer keeps what fits its budget
-    // (tests/results.rs).
+    // (tests/all/results.rs).
     let out = r["stdout"].as_str().unwrap();
     assert!(out.len() < 80_000 && out.starts_with("yyy") && out.ends_with("y\n"));
     assert!(out.contains("bytes elided]"), "{out}");

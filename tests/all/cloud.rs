@@ -1,8 +1,7 @@
 //! The cloud fallback against a fake HOPX (a real HTTP server on 127.0.0.1, see
 //! `common/fake_hopx.rs`), plus the routing rules. Nothing here talks to the internet.
 
-#[path = "common/fake_hopx.rs"]
-mod fake_hopx;
+use crate::common::fake_hopx;
 
 use std::collections::BTreeMap;
 use std::io::Write;

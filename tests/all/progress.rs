@@ -5,7 +5,7 @@
 //! rmcp's client gives every request a progress token, so the recording client here sees what
 //! any token-giving client would; the no-token case speaks raw JSON-RPC on stdio.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

@@ -1,7 +1,7 @@
 //! Go one-shots over stdio MCP: built on the host by the pinned Go toolchain for wasip1, run in
 //! wasmtime (Winch). Needs `./fetch-runtimes.sh` (toolchain + warm GOCACHE).
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

@@ -2,7 +2,7 @@
 //! in all and per owner, a bounded queue and the one-shot deadline cap for sandbox-less async
 //! executions, and CPU slots reserved for calls a client waits on.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! JavaScript one-shots over stdio MCP (QuickJS-NG in WebAssembly), and sessions through the
 //! library.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::Duration;

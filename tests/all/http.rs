@@ -1,7 +1,7 @@
 //! `wasmbox serve --http`: MCP's streamable HTTP transport behind bearer tokens, driven by rmcp's
 //! streamable HTTP client (and raw HTTP for what a client library would not send).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

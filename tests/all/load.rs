@@ -2,7 +2,7 @@
 //! --nocapture`): 8 concurrent MCP clients with mixed work must see no failures, and thousands
 //! of one-shots must leave the server's RSS and open descriptors flat. Figures go to the README.
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

@@ -4,7 +4,7 @@
 //! full), and concurrent writers cannot jointly pass one check. Quotas are small and every call
 //! has a deadline, so a test that is not stopped ends instead of filling the disk or hanging.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

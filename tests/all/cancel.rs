@@ -2,9 +2,8 @@
 //! guest stops and frees its slot, a cancelled persistent call ends its session (the next
 //! result says so), and a cancelled cloud one-shot deletes its HOPX sandbox.
 
-mod common;
-#[path = "common/fake_hopx.rs"]
-mod fake_hopx;
+use crate::common;
+use crate::common::fake_hopx;
 
 use std::time::{Duration, Instant};
 

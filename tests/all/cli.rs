@@ -1,6 +1,6 @@
 //! The `wasmbox run` command, as a user types it.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

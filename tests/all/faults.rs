@@ -2,7 +2,7 @@
 //! dropped client, SIGTERM, a guest trap or a panic inside a host function loses no sandbox's
 //! files, and the server (or its successor) keeps serving.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! Guest-side cases print `BLOCKED` when the attempt raised an error and `LEAK: ...` when it
 //! got through; the test fails on any `LEAK` or a missing `BLOCKED`.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

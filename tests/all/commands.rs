@@ -1,9 +1,8 @@
 //! `run_command` on local sandboxes, and Bash through the same tools: to a fake HOPX (a real
 //! HTTP server on 127.0.0.1) when a key is set, a clear error naming HOPX_API_KEY when not.
 
-mod common;
-#[path = "common/fake_hopx.rs"]
-mod fake_hopx;
+use crate::common;
+use crate::common::fake_hopx;
 
 use common::*;
 use fake_hopx::{API_KEY, FakeHopx};

@@ -1,7 +1,7 @@
 //! Persistent sandboxes over stdio MCP, through the real binary and a real MCP client: the
 //! HOPX surface (sandboxes, sessions, files, env, jobs, webhooks, rich output) used locally.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! A missing Python module gets a note naming what is bundled and how to get more.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::json;

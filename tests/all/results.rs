@@ -2,9 +2,8 @@
 //! the middle so a traceback at the end survives, measured as JSON text, in every tool that
 //! returns an execution's output (one-shots, sessions, rich mode, run_command, the cloud's).
 
-mod common;
-#[path = "common/fake_hopx.rs"]
-mod fake_hopx;
+use crate::common;
+use crate::common::fake_hopx;
 
 use common::*;
 use fake_hopx::{API_KEY, FakeHopx};

@@ -6,7 +6,7 @@
 //! such a wait for far longer than it may last and measures how soon the server gets it out.
 //! Every test is bounded: a failure is an assertion with the time it took, never a hang.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

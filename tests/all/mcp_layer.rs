@@ -2,7 +2,7 @@
 //! (the language enum, numeric bounds), output schemas that every answer meets, arguments as
 //! clients that send only strings give them, and HOPX's prompt.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 
