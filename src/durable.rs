@@ -16,6 +16,11 @@ use crate::{Error, Result, Wasmbox};
 /// How long a pause waits for a call running in the sandbox to end.
 pub const PAUSE_WAIT: Duration = Duration::from_secs(10);
 
+/// After a save that failed (a state over `WASMBOX_STATE_MB` or its owner's budget, a disk
+/// error), how much longer the session counts as used: the idle keeper and swap-outs try it
+/// again after that, rather than capturing and compressing it on every tick.
+const SAVE_RETRY: Duration = Duration::from_secs(60);
+
 /// What saving one session did.
 #[derive(Clone, Debug)]
 pub struct SavedSession {
@@ -624,6 +629,7 @@ impl Wasmbox {
             }
             Err(e) => {
                 tracing::warn!(sandbox = %sb.id, "swapping out the {} session: {e}", language.name());
+                g.last_used = Some(std::time::Instant::now() + SAVE_RETRY);
                 false
             }
         }
@@ -693,9 +699,8 @@ impl Wasmbox {
                 &self.inner.sandboxes.state_gate(&sb.owner),
             )
         {
-            // Tried again after another idle spell, not on every tick.
             tracing::debug!(sandbox = %sb.id, "saving the idle {} session: {e}", language.name());
-            g.last_used = Some(std::time::Instant::now());
+            g.last_used = Some(std::time::Instant::now() + SAVE_RETRY);
         }
     }
 }

@@ -216,15 +216,18 @@ impl Books<'_> {
         amount: u64,
         except: Option<&Reservation>,
     ) -> Result<(), Over> {
-        let reserved = self.pending.get(owner).copied().unwrap_or(0).saturating_sub(
-            except.map_or(0, |r| {
+        let reserved = self
+            .pending
+            .get(owner)
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(except.map_or(0, |r| {
                 if r.released.load(Ordering::Relaxed) {
                     0
                 } else {
                     r.amount()
                 }
-            }),
-        );
+            }));
         let used = used.saturating_add(reserved);
         if used.saturating_add(amount) > self.max {
             return Err(Over {
@@ -310,18 +313,11 @@ impl StateGate for SnapshotGate {
         self.sandboxes
             .snapshots
             .ledger()
-            .grow(r, file_cost(bytes), || self.sandboxes.owner_used(&r.owner, None))
+            .grow(r, file_cost(bytes), || {
+                self.sandboxes.owner_used(&r.owner, None)
+            })
             .map(|()| None)
             .map_err(|o| format!("the snapshot is refused: {o}"))
-    }
-}
-
-/// No cap and no budget: for tests and tools that write state outside any owner's budget.
-pub struct Unmetered;
-
-impl StateGate for Unmetered {
-    fn admit(&self, _path: &Path, _bytes: u64) -> Result<Option<Reservation>, String> {
-        Ok(None)
     }
 }
 
@@ -364,10 +360,7 @@ fn state_dir_cost(dir: &Path, except: Option<&Path>) -> u64 {
             continue;
         }
         if let Ok(m) = e.metadata() {
-            total = total.saturating_add(cost(
-                m.len(),
-                std::os::unix::fs::MetadataExt::blocks(&m),
-            ));
+            total = total.saturating_add(cost(m.len(), std::os::unix::fs::MetadataExt::blocks(&m)));
         }
     }
     total

@@ -185,13 +185,10 @@ impl Snapshots {
             drop(books);
             return fail(SnapshotError::Io(e.to_string()));
         }
-        self.known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                meta.snapshot_id.clone(),
-                (meta.owner.clone(), meta.charged_bytes),
-            );
+        self.known.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            meta.snapshot_id.clone(),
+            (meta.owner.clone(), meta.charged_bytes),
+        );
         books.release(r);
         Ok(())
     }
@@ -324,7 +321,9 @@ mod tests {
                     store.delete(&id, o).unwrap();
                 } else {
                     let estimate = budget::measure(&src).unwrap() + 4 * budget::file_cost(0);
-                    let r = match store.ledger().reserve(owner, estimate, || store.charged(owner))
+                    let r = match store
+                        .ledger()
+                        .reserve(owner, estimate, || store.charged(owner))
                     {
                         Ok(r) => r,
                         Err(_) => {

@@ -157,7 +157,12 @@ impl WasmboxServer {
                 .iter()
                 .map(|m| serde_json::to_value(SnapshotReply::from(m)).unwrap_or_default());
             Ok(Reply::json(fit_list(
-                answer, "snapshots", entries, total, false, budget,
+                answer,
+                "snapshots",
+                entries,
+                total,
+                false,
+                budget,
             )))
         })
         .await
