@@ -105,7 +105,8 @@ impl Config {
     /// `WASMBOX_MAX_SANDBOXES_PER_TOKEN`, `WASMBOX_SESSIONS_PER_TOKEN`, `WASMBOX_DATA`
     /// (sandboxes' files and saved sessions; `none`: a temporary directory, gone with the
     /// process), `WASMBOX_SAVE_EVERY_CALL`, `WASMBOX_IDLE_PAUSE_S` (0: idle sessions stay live),
-    /// `WASMBOX_SNAPSHOT_DISK_MB` (per owner), `WASMBOX_LIVE_SESSIONS` (in memory at once),
+    /// `WASMBOX_SNAPSHOT_DISK_MB` (per owner: snapshots and saved sessions), `WASMBOX_STATE_MB`
+    /// (one session's saved state; default the memory limit), `WASMBOX_LIVE_SESSIONS` (in memory at once),
     /// `WASMBOX_WEBHOOK_ALLOW_ANY`, `WASMBOX_WEBHOOK_ALLOW_PRIVATE` (with ALLOW_ANY only),
     /// `WASMBOX_WEBHOOK_SECRET`, and for the HOPX cloud (read by [`CloudConfig::from_env`])
     /// `HOPX_API_KEY`, `HOPX_BASE_URL`, `WASMBOX_OFFLINE`, `WASMBOX_MAX_CLOUD_SANDBOXES`,
@@ -207,6 +208,7 @@ impl Config {
                 },
                 snapshot_bytes: env_num("WASMBOX_SNAPSHOT_DISK_MB").unwrap_or(2048) as u64
                     * MIB as u64,
+                max_state_bytes: env_num("WASMBOX_STATE_MB").map_or(memory, |m| m * MIB) as u64,
                 max_live_sessions: live_sessions(
                     env_num("WASMBOX_LIVE_SESSIONS").unwrap_or(8),
                     env_num("WASMBOX_POOLED_INSTANCES").unwrap_or(256),

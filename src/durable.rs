@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::lang::Language;
 use crate::lang::session::SessionRuntime;
+use crate::sandbox::budget::{self, Reservation, StateGate};
 use crate::sandbox::copy::Copied;
 use crate::sandbox::snapshots::{self, SnapshotError, SnapshotMeta};
 use crate::sandbox::{SESSION_LANGUAGES, Sandbox, sessions};
@@ -14,6 +15,11 @@ use crate::{Error, Result, Wasmbox};
 
 /// How long a pause waits for a call running in the sandbox to end.
 pub const PAUSE_WAIT: Duration = Duration::from_secs(10);
+
+/// After a save that failed (a state over `WASMBOX_STATE_MB` or its owner's budget, a disk
+/// error), how much longer the session counts as used: the idle keeper and swap-outs try it
+/// again after that, rather than capturing and compressing it on every tick.
+const SAVE_RETRY: Duration = Duration::from_secs(60);
 
 /// What saving one session did.
 #[derive(Clone, Debug)]
@@ -88,9 +94,10 @@ impl Wasmbox {
             let Some(rt) = self.loaded_session_runtime(language) else {
                 continue;
             };
+            let gate = self.inner.sandboxes.state_gate(&sb.owner);
             let outcome = tokio::task::spawn_blocking(move || {
                 let mut guard = guard;
-                let r = sessions::save_slot(&*rt, &mut guard, &path);
+                let r = sessions::save_slot(&*rt, &mut guard, &path, &gate);
                 if r.is_ok() {
                     guard.session = None;
                     guard.saved = false;
@@ -218,7 +225,7 @@ impl Wasmbox {
             if guard.session.is_none() {
                 let from = src.state_path(language);
                 if from.is_file()
-                    && let Err(e) = sessions::copy_reseeded(&from, &child.state_path(language))
+                    && let Err(e) = self.copy_state(&from, child, language)
                 {
                     notes.push(format!(
                         "the saved {} session could not be copied ({e}); the fork starts a fresh one",
@@ -311,9 +318,27 @@ impl Wasmbox {
             let slot = src.slot(language).expect("a slot per session language");
             held.push((language, hold(slot, language, PAUSE_WAIT).await?));
         }
-        let store = &self.inner.sandboxes.snapshots;
+        let sandboxes = self.inner.sandboxes.clone();
+        let reservation = {
+            let (src, sandboxes, owner) = (src.clone(), sandboxes.clone(), owner.to_string());
+            tokio::task::spawn_blocking(move || -> Result<Reservation> {
+                let estimate = snapshot_estimate(&src).map_err(|e| {
+                    SnapshotError::Io(format!("the sandbox's files could not be measured: {e}"))
+                })?;
+                let r = sandboxes
+                    .snapshots
+                    .ledger()
+                    .reserve(&owner, estimate, || sandboxes.owner_used(&owner, None))
+                    .map_err(SnapshotError::from)?;
+                Ok(r)
+            })
+            .await
+            .unwrap_or_else(|e| Err(Error::wasm(format!("measuring panicked: {e}"))))?
+        };
+        let reservation = Arc::new(reservation);
+        let store = &sandboxes.snapshots;
         let (snap_id, dir) = store.start()?;
-        let made = self.fill_snapshot(&src, held, &dir).await;
+        let made = self.fill_snapshot(&src, held, &dir, &reservation).await;
         let (size_bytes, languages) = match made {
             Ok(m) => m,
             Err(e) => {
@@ -321,7 +346,7 @@ impl Wasmbox {
                 return Err(SnapshotError::Io(e).into());
             }
         };
-        let meta = SnapshotMeta {
+        let mut meta = SnapshotMeta {
             snapshot_id: snap_id,
             sandbox_id: src.id.clone(),
             owner: owner.to_string(),
@@ -330,9 +355,21 @@ impl Wasmbox {
             created_at_ms: snapshots::now_ms(),
             languages,
             size_bytes,
+            cost_bytes: None,
+            charged_bytes: 0,
         };
-        store.finish(&meta)?;
-        Ok(meta)
+        let owner = owner.to_string();
+        tokio::task::spawn_blocking(move || {
+            sandboxes
+                .snapshots
+                .finish(&mut meta, &reservation, || {
+                    sandboxes.states_used(&owner, None)
+                })
+                .map(|()| meta)
+        })
+        .await
+        .unwrap_or_else(|e| Err(SnapshotError::Io(format!("finishing panicked: {e}"))))
+        .map_err(Error::from)
     }
 
     /// Writes `src`'s files and sessions into snapshot directory `dir`: their bytes, and the
@@ -342,16 +379,18 @@ impl Wasmbox {
         src: &Arc<Sandbox>,
         held: Vec<(Language, tokio::sync::OwnedMutexGuard<crate::sandbox::Slot>)>,
         dir: &std::path::Path,
+        reservation: &Arc<Reservation>,
     ) -> std::result::Result<(u64, Vec<Language>), String> {
         let files = {
             let (src, dir) = (src.clone(), dir.to_path_buf());
+            // No more than was reserved: every byte and every entry costs at least that much.
+            let q = src.fs.quota();
+            let quota = crate::engine::disk::Quota {
+                max_bytes: q.max_bytes.min(reservation.amount()),
+                max_entries: q.max_entries.min(reservation.amount() / budget::PER_ENTRY),
+            };
             tokio::task::spawn_blocking(move || {
-                copy_dirs(
-                    &src,
-                    &dir.join("workspace"),
-                    &dir.join("tmp"),
-                    src.fs.quota(),
-                )
+                copy_dirs(&src, &dir.join("workspace"), &dir.join("tmp"), quota)
             })
             .await
             .unwrap_or_else(|e| Err(format!("copying panicked: {e}")))?
@@ -365,10 +404,14 @@ impl Wasmbox {
                 let Some(rt) = self.loaded_session_runtime(language) else {
                     continue;
                 };
+                let gate = budget::SnapshotGate {
+                    sandboxes: self.inner.sandboxes.clone(),
+                    reservation: reservation.clone(),
+                };
                 tokio::task::spawn_blocking(move || {
                     let mut guard = guard;
                     let session = guard.session.as_mut().expect("checked above");
-                    sessions::save(&*rt, session, &to).map(|s| s.bytes)
+                    sessions::save(&*rt, session, &to, &gate).map(|s| s.bytes)
                 })
                 .await
                 .unwrap_or_else(|e| Err(format!("saving panicked: {e}")))
@@ -413,13 +456,13 @@ impl Wasmbox {
             .sandboxes
             .create(&meta.template, timeout_secs, all_env, owner)?;
         let filled = {
-            let (sb, dir) = (sb.clone(), dir.clone());
+            let (sb, dir, me) = (sb.clone(), dir.clone(), self.clone());
             tokio::task::spawn_blocking(move || -> std::result::Result<(), String> {
                 let c = copy_into(&dir.join("workspace"), &dir.join("tmp"), &sb)?;
                 sb.fs.budget().changed(c.bytes as i64, c.entries as i64);
                 for language in meta.languages {
                     let from = snapshots::state_path(&dir, language);
-                    sessions::copy_reseeded(&from, &sb.state_path(language))
+                    me.copy_state(&from, &sb, language)
                         .map_err(|e| format!("the {} session: {e}", language.name()))?;
                 }
                 Ok(())
@@ -433,6 +476,42 @@ impl Wasmbox {
         }
         Ok(sb)
     }
+}
+
+impl Wasmbox {
+    /// Copies the saved session at `from` into `to`'s state files, if its owner's budget has
+    /// room for it.
+    fn copy_state(
+        &self,
+        from: &std::path::Path,
+        to: &Sandbox,
+        language: Language,
+    ) -> std::result::Result<(), String> {
+        let path = to.state_path(language);
+        let len = std::fs::metadata(from).map_err(|e| e.to_string())?.len();
+        let _room = self
+            .inner
+            .sandboxes
+            .state_gate(&to.owner)
+            .admit(&path, len)?;
+        sessions::copy_reseeded(from, &path).map_err(|e| e.to_string())
+    }
+}
+
+/// What a snapshot of `src` is expected to cost before its live sessions are saved: its files
+/// and saved sessions as they are now, the snapshot's own directories and its `meta.json`.
+fn snapshot_estimate(src: &Sandbox) -> std::io::Result<u64> {
+    let mut total = budget::measure(&src.fs.host_workspace())?
+        + budget::measure(&src.fs.host_tmp())?
+        // The snapshot's directory and its state/, and meta.json.
+        + 2 * budget::file_cost(budget::BLOCK)
+        + budget::file_cost(2 * budget::BLOCK);
+    for language in SESSION_LANGUAGES {
+        if let Ok(m) = std::fs::metadata(src.state_path(language)) {
+            total += budget::file_cost(m.len());
+        }
+    }
+    Ok(total)
 }
 
 /// Copies `src`'s `/workspace` and `/tmp` into the directories `ws` and `tmp`, within `quota`
@@ -540,7 +619,8 @@ impl Wasmbox {
         if g.session.is_none() {
             return false;
         }
-        match sessions::save_slot(&*rt, &mut g, &sb.state_path(language)) {
+        let gate = self.inner.sandboxes.state_gate(&sb.owner);
+        match sessions::save_slot(&*rt, &mut g, &sb.state_path(language), &gate) {
             Ok(bytes) => {
                 tracing::debug!(sandbox = %sb.id, "{} session swapped out ({bytes} bytes)", language.name());
                 g.session = None;
@@ -549,6 +629,7 @@ impl Wasmbox {
             }
             Err(e) => {
                 tracing::warn!(sandbox = %sb.id, "swapping out the {} session: {e}", language.name());
+                g.last_used = Some(std::time::Instant::now() + SAVE_RETRY);
                 false
             }
         }
@@ -611,11 +692,15 @@ impl Wasmbox {
         } else if !g.saved
             && save_idle.is_some_and(|d| idle_for >= d)
             && let Some(rt) = self.loaded_session_runtime(language)
-            && let Err(e) = sessions::save_slot(&*rt, &mut g, &sb.state_path(language))
+            && let Err(e) = sessions::save_slot(
+                &*rt,
+                &mut g,
+                &sb.state_path(language),
+                &self.inner.sandboxes.state_gate(&sb.owner),
+            )
         {
-            // Tried again after another idle spell, not on every tick.
             tracing::debug!(sandbox = %sb.id, "saving the idle {} session: {e}", language.name());
-            g.last_used = Some(std::time::Instant::now());
+            g.last_used = Some(std::time::Instant::now() + SAVE_RETRY);
         }
     }
 }

@@ -841,6 +841,7 @@ impl Wasmbox {
                 let save_after = self.inner.config.sandbox.save_every_call;
                 let durable = self.inner.sandboxes.persistent();
                 let (me, id) = (self.clone(), sb.id.clone());
+                let gate = self.inner.sandboxes.state_gate(&sb.owner);
                 Box::new(move || {
                     let mut slot = slot;
                     if slot.session.is_none() {
@@ -850,6 +851,7 @@ impl Wasmbox {
                         state: &path,
                         save_after,
                         durable,
+                        gate: &gate,
                     };
                     sandbox::sessions::call(&mut slot, &*rt, &req, rich, &keep)
                 })

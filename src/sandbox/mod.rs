@@ -16,6 +16,7 @@
 //! `<data>/quarantine/<id>-<unix time>/` with the reason, listed to the local user and removed
 //! only by `delete_sandbox`.
 
+pub mod budget;
 pub mod copy;
 pub mod fs;
 pub mod jobs;
@@ -100,8 +101,12 @@ pub struct SandboxConfig {
     /// Sessions idle this long are saved to disk and their instances freed
     /// (`WASMBOX_IDLE_PAUSE_S`, 0: never); the next call restores them.
     pub idle_pause: Option<Duration>,
-    /// What one owner's snapshots may take on disk (`WASMBOX_SNAPSHOT_DISK_MB`).
+    /// What one owner's snapshots and saved sessions may take on disk
+    /// (`WASMBOX_SNAPSHOT_DISK_MB`), charged by blocks and entries ([`budget`]).
     pub snapshot_bytes: u64,
+    /// The largest state file one session may save (`WASMBOX_STATE_MB`); a larger one is not
+    /// written and the session stays live.
+    pub max_state_bytes: u64,
     /// Sessions kept in memory at once, across sandboxes (`WASMBOX_LIVE_SESSIONS`); past it
     /// the least recently used are saved to disk and freed.
     pub max_live_sessions: usize,
@@ -1207,6 +1212,7 @@ mod tests {
             save_idle: None,
             idle_pause: None,
             snapshot_bytes: 1 << 20,
+            max_state_bytes: 1 << 20,
             max_live_sessions: 8,
         }
     }

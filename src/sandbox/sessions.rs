@@ -14,6 +14,7 @@ use std::io::Read;
 use std::path::Path;
 
 use super::Slot;
+use super::budget::StateGate;
 use crate::engine::state::InstanceState;
 use crate::lang::guest::{EXIT_CANCELLED, EXIT_KILLED};
 use crate::lang::session::{self, Session, SessionRuntime};
@@ -30,17 +31,27 @@ pub struct Saved {
     pub pages: u64,
 }
 
-/// Captures `session` and writes it to `path` (atomically, owner-only). The session lives on;
-/// the caller drops it when saving is to free it.
-pub fn save(rt: &dyn SessionRuntime, session: &mut Session, path: &Path) -> Result<Saved, String> {
+/// Captures `session` and writes it to `path` (atomically, owner-only) if `gate` admits it.
+/// The session lives on; the caller drops it when saving is to free it.
+pub fn save(
+    rt: &dyn SessionRuntime,
+    session: &mut Session,
+    path: &Path,
+    gate: &dyn StateGate,
+) -> Result<Saved, String> {
     let key = rt.state_key()?;
     let st = session.capture().map_err(|e| e.to_string())?;
-    write(&st, &key, path)
+    write(&st, &key, path, gate)
 }
 
 /// Saves `slot`'s live session to `path` unless the file already holds it as it is; the
 /// session lives on. Returns the file's size.
-pub fn save_slot(rt: &dyn SessionRuntime, slot: &mut Slot, path: &Path) -> Result<u64, String> {
+pub fn save_slot(
+    rt: &dyn SessionRuntime,
+    slot: &mut Slot,
+    path: &Path,
+    gate: &dyn StateGate,
+) -> Result<u64, String> {
     let Some(session) = slot.session.as_mut() else {
         return Err("no live session".into());
     };
@@ -49,7 +60,7 @@ pub fn save_slot(rt: &dyn SessionRuntime, slot: &mut Slot, path: &Path) -> Resul
     {
         return Ok(m.len());
     }
-    let s = save(rt, session, path)?;
+    let s = save(rt, session, path, gate)?;
     slot.saved = true;
     if std::mem::take(&mut slot.unsaved_marked) {
         let _ = std::fs::remove_file(lost_marker(path));
@@ -57,13 +68,16 @@ pub fn save_slot(rt: &dyn SessionRuntime, slot: &mut Slot, path: &Path) -> Resul
     Ok(s.bytes)
 }
 
-/// Writes a captured state.
+/// Writes a captured state, if `gate` admits its size; nothing is written otherwise.
 pub fn write(
     st: &InstanceState,
     key: &crate::engine::state::StateKey,
     path: &Path,
+    gate: &dyn StateGate,
 ) -> Result<Saved, String> {
     let bytes = st.encode(key);
+    // Held until the file is in place, where it then counts as it is.
+    let _room = gate.admit(path, bytes.len() as u64)?;
     if let Some(dir) = path.parent() {
         let mut b = std::fs::DirBuilder::new();
         b.recursive(true);
@@ -232,6 +246,8 @@ pub struct Keep<'a> {
     pub save_after: bool,
     /// Sandboxes outlive the server: a stop mid-call must leave the turn before, or a note.
     pub durable: bool,
+    /// What a save must fit: the session's cap and its owner's budget.
+    pub gate: &'a dyn StateGate,
 }
 
 /// Runs one call in a sandbox's session for `rt`'s language: restores the saved session or
@@ -349,7 +365,7 @@ pub fn call(
             let _ = std::fs::remove_file(&before);
         }
         if keep.save_after
-            && let Err(e) = save_slot(rt, slot, state_path)
+            && let Err(e) = save_slot(rt, slot, state_path, keep.gate)
         {
             notes.push(format!(
                 "the {name} session could not be saved after this call: {e}"

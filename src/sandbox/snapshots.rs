@@ -1,14 +1,17 @@
 //! Snapshots: a sandbox's files, env and saved sessions, kept under an id of their own so new
 //! sandboxes can start from them (`create_sandbox(from_snapshot=...)`). Each lives in
 //! `<snapshots>/<id>/` (`meta.json`, `workspace/`, `tmp/`, `state/`), private to this user,
-//! owned like a sandbox, and counted against its owner's `WASMBOX_SNAPSHOT_DISK_MB`.
+//! owned like a sandbox, and charged what its directory costs on disk against its owner's
+//! `WASMBOX_SNAPSHOT_DISK_MB` (see [`super::budget`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+use super::budget::{self, Ledger, Over, Reservation};
 use super::{from_unix_ms, unix_ms, write_atomic};
 use crate::lang::Language;
 
@@ -23,7 +26,16 @@ pub struct SnapshotMeta {
     pub created_at_ms: u64,
     /// The languages whose sessions it holds.
     pub languages: Vec<Language>,
+    /// Bytes of its files and saved sessions.
     pub size_bytes: u64,
+    /// What its directory costs on disk (blocks and entries, [`budget::measure`]), but for
+    /// this `meta.json`, whose own cost follows from its length. `None` in snapshots made
+    /// before it was kept: measured when first counted.
+    #[serde(default)]
+    pub cost_bytes: Option<u64>,
+    /// What its owner is charged for it: `cost_bytes` and this file.
+    #[serde(skip)]
+    pub charged_bytes: u64,
 }
 
 impl SnapshotMeta {
@@ -40,18 +52,32 @@ pub enum SnapshotError {
     )]
     NotFound(String),
     #[error(
-        "the snapshot would take {size} bytes, and this owner's snapshots already take {used} of {limit} (WASMBOX_SNAPSHOT_DISK_MB): delete some with delete_snapshot"
+        "the snapshot would take {size} bytes on disk (blocks, and a block per file or directory), and this owner's snapshots and saved sessions already take {used} of {limit} (WASMBOX_SNAPSHOT_DISK_MB): delete some with delete_snapshot"
     )]
     Quota { size: u64, used: u64, limit: u64 },
     #[error("the snapshot could not be written: {0}")]
     Io(String),
 }
 
+impl From<Over> for SnapshotError {
+    fn from(o: Over) -> Self {
+        SnapshotError::Quota {
+            size: o.need,
+            used: o.used,
+            limit: o.limit,
+        }
+    }
+}
+
 /// The snapshot store.
 pub struct Snapshots {
     root: PathBuf,
-    /// Bytes one owner's snapshots may take together.
-    max_bytes: u64,
+    /// What one owner's snapshots and saved sessions may take together, and what copies and
+    /// saves in flight have reserved of it.
+    ledger: Arc<Ledger>,
+    /// Finished snapshots' owners and charges, by id, each read once from its `meta.json`
+    /// (another server on the same data directory may add some).
+    known: Mutex<HashMap<String, (String, u64)>>,
 }
 
 /// Whether `id` has the shape of our snapshot ids (`ws` + 32 hex digits): safe as a path part.
@@ -61,7 +87,52 @@ fn valid_id(id: &str) -> bool {
 
 impl Snapshots {
     pub fn new(root: PathBuf, max_bytes: u64) -> Self {
-        Self { root, max_bytes }
+        Self {
+            root,
+            ledger: Ledger::new(max_bytes),
+            known: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// What `owner`'s finished snapshots are charged, together.
+    pub fn charged(&self, owner: &str) -> u64 {
+        self.refresh()
+            .values()
+            .filter(|(o, _)| o == owner)
+            .map(|(_, c)| *c)
+            .sum()
+    }
+
+    /// The known snapshots, brought up to date with the directory: gone ones dropped, new ones
+    /// read. One without a `meta.json` is not finished (this server's are reserved meanwhile).
+    fn refresh(&self) -> MutexGuard<'_, HashMap<String, (String, u64)>> {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        let ids: std::collections::HashSet<String> = std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|id| valid_id(id))
+            .collect();
+        known.retain(|id, _| ids.contains(id));
+        for id in ids {
+            if known.contains_key(&id) {
+                continue;
+            }
+            if let Some(m) = self.read(&id) {
+                let charge = if m.cost_bytes.is_some() {
+                    m.charged_bytes
+                } else {
+                    budget::measure(&self.root.join(&id)).unwrap_or(m.charged_bytes)
+                };
+                known.insert(id, (m.owner, charge));
+            }
+        }
+        known
     }
 
     /// A new, empty snapshot directory and its id.
@@ -80,30 +151,45 @@ impl Snapshots {
         Ok((id, dir))
     }
 
-    /// Records a finished snapshot, within its owner's quota; removes it otherwise.
-    pub fn finish(&self, meta: &SnapshotMeta) -> Result<(), SnapshotError> {
+    /// Records a finished snapshot, whose copy `r` reserved room for: settled with what its
+    /// directory measures, within its owner's budget (`states`: what the owner's saved
+    /// sessions take, measured under the ledger's lock); removed otherwise.
+    pub fn finish(
+        &self,
+        meta: &mut SnapshotMeta,
+        r: &Reservation,
+        states: impl FnOnce() -> u64,
+    ) -> Result<(), SnapshotError> {
         let dir = self.root.join(&meta.snapshot_id);
-        let used: u64 = self
-            .list(&meta.owner)
-            .iter()
-            .filter(|m| m.snapshot_id != meta.snapshot_id)
-            .map(|m| m.size_bytes)
-            .sum();
-        if used + meta.size_bytes > self.max_bytes {
+        let fail = |e: SnapshotError| {
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(SnapshotError::Quota {
-                size: meta.size_bytes,
-                used,
-                limit: self.max_bytes,
-            });
+            Err(e)
+        };
+        let cost = match budget::measure(&dir) {
+            Ok(c) => c,
+            Err(e) => return fail(SnapshotError::Io(format!("measuring it: {e}"))),
+        };
+        meta.cost_bytes = Some(cost);
+        let bytes = match serde_json::to_vec_pretty(meta) {
+            Ok(b) => b,
+            Err(e) => return fail(SnapshotError::Io(e.to_string())),
+        };
+        meta.charged_bytes = cost + budget::file_cost(bytes.len() as u64);
+        let mut books = self.ledger.books();
+        let used = self.charged(&meta.owner).saturating_add(states());
+        if let Err(o) = books.fits(&meta.owner, used, meta.charged_bytes, Some(r)) {
+            drop(books);
+            return fail(o.into());
         }
-        let written = serde_json::to_vec_pretty(meta)
-            .map_err(std::io::Error::other)
-            .and_then(|b| write_atomic(&dir.join("meta.json"), &b));
-        if let Err(e) = written {
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(SnapshotError::Io(e.to_string()));
+        if let Err(e) = write_atomic(&dir.join("meta.json"), &bytes) {
+            drop(books);
+            return fail(SnapshotError::Io(e.to_string()));
         }
+        self.known.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            meta.snapshot_id.clone(),
+            (meta.owner.clone(), meta.charged_bytes),
+        );
+        books.release(r);
         Ok(())
     }
 
@@ -134,9 +220,13 @@ impl Snapshots {
             return None;
         }
         let bytes = std::fs::read(self.root.join(id).join("meta.json")).ok()?;
-        serde_json::from_slice::<SnapshotMeta>(&bytes)
+        let mut m = serde_json::from_slice::<SnapshotMeta>(&bytes)
             .ok()
-            .filter(|m| m.snapshot_id == id)
+            .filter(|m| m.snapshot_id == id)?;
+        m.charged_bytes = m.cost_bytes.map_or(m.size_bytes, |c| {
+            c.saturating_add(budget::file_cost(bytes.len() as u64))
+        });
+        Some(m)
     }
 
     /// Snapshot `id` if `owner` owns it; another owner's is "not found".
@@ -149,7 +239,15 @@ impl Snapshots {
 
     pub fn delete(&self, id: &str, owner: &str) -> Result<(), SnapshotError> {
         let (_, dir) = self.get(id, owner)?;
-        std::fs::remove_dir_all(dir).map_err(|e| SnapshotError::Io(e.to_string()))
+        // Charged until it is gone.
+        let removed = std::fs::remove_dir_all(dir).map_err(|e| SnapshotError::Io(e.to_string()));
+        if removed.is_ok() {
+            self.known
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(id);
+        }
+        removed
     }
 }
 
@@ -161,4 +259,113 @@ pub fn state_path(dir: &Path, language: Language) -> PathBuf {
 
 pub fn now_ms() -> u64 {
     unix_ms(SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::disk::Quota;
+
+    /// xorshift64*: the sequence is the seed's, so a failure can be replayed.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    fn meta(id: &str, owner: &str) -> SnapshotMeta {
+        SnapshotMeta {
+            snapshot_id: id.into(),
+            sandbox_id: "sb".into(),
+            owner: owner.into(),
+            template: "python".into(),
+            env: BTreeMap::new(),
+            created_at_ms: now_ms(),
+            languages: Vec::new(),
+            size_bytes: 0,
+            cost_bytes: None,
+            charged_bytes: 0,
+        }
+    }
+
+    /// Snapshots of a tree that changes between them, made and deleted at random by two owners:
+    /// after every step each owner's charge equals a fresh measurement of its snapshots'
+    /// directories, and stays within the budget.
+    #[test]
+    fn the_charge_equals_a_fresh_measurement_after_random_snapshots_and_deletes() {
+        for seed in [1u64, 7, 0x5eed] {
+            let mut rng = Rng(seed);
+            let d = tempfile::tempdir().unwrap();
+            let src = d.path().join("src");
+            std::fs::create_dir(&src).unwrap();
+            let store = Snapshots::new(d.path().join("snapshots"), 600 * budget::BLOCK);
+            let mut made: Vec<(String, &str)> = Vec::new();
+            let mut refused = 0;
+            for step in 0..40 {
+                // The tree grows: directories, empty files, files of a few blocks.
+                for i in 0..rng.below(12) {
+                    let p = src.join(format!("{step}-{i}"));
+                    match rng.below(3) {
+                        0 => std::fs::create_dir(&p).unwrap(),
+                        1 => std::fs::write(&p, b"").unwrap(),
+                        _ => std::fs::write(&p, vec![7u8; rng.below(20_000) as usize]).unwrap(),
+                    }
+                }
+                let owner = ["a", "b"][rng.below(2) as usize];
+                if rng.below(3) == 0 && !made.is_empty() {
+                    let (id, o) = made.swap_remove(rng.below(made.len() as u64) as usize);
+                    store.delete(&id, o).unwrap();
+                } else {
+                    let estimate = budget::measure(&src).unwrap() + 4 * budget::file_cost(0);
+                    let r = match store
+                        .ledger()
+                        .reserve(owner, estimate, || store.charged(owner))
+                    {
+                        Ok(r) => r,
+                        Err(_) => {
+                            refused += 1;
+                            continue;
+                        }
+                    };
+                    let (id, dir) = store.start().unwrap();
+                    let quota = Quota {
+                        max_bytes: 1 << 30,
+                        max_entries: 1 << 20,
+                    };
+                    crate::sandbox::copy::copy_tree(&src, &dir.join("workspace"), quota).unwrap();
+                    let mut m = meta(&id, owner);
+                    match store.finish(&mut m, &r, || 0) {
+                        Ok(()) => made.push((id, owner)),
+                        Err(SnapshotError::Quota { .. }) => {
+                            refused += 1;
+                            assert!(!dir.exists(), "a refused snapshot is removed");
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                for o in ["a", "b"] {
+                    let fresh: u64 = store
+                        .list(o)
+                        .iter()
+                        .map(|m| budget::measure(&store.root.join(&m.snapshot_id)).unwrap())
+                        .sum();
+                    let charged = store.charged(o);
+                    assert_eq!(charged, fresh, "seed {seed}, step {step}, owner {o}");
+                    assert!(charged <= store.ledger().max(), "seed {seed}, step {step}");
+                }
+                // Nothing stays reserved once settled or dropped.
+                assert!(store.ledger().reserve("a", 0, || 0).is_ok());
+            }
+            assert!(refused > 0, "seed {seed}: the budget was never reached");
+            // A second store on the same directory (a restart) charges the same.
+            let again = Snapshots::new(d.path().join("snapshots"), 600 * budget::BLOCK);
+            for o in ["a", "b"] {
+                assert_eq!(again.charged(o), store.charged(o));
+            }
+        }
+    }
 }

@@ -618,6 +618,8 @@ async fn a_thousand_sandboxes_keep_their_variables() {
         &[
             ("WASMBOX_MAX_SANDBOXES", max.as_str()),
             ("WASMBOX_MAX_SANDBOXES_PER_TOKEN", max.as_str()),
+            // Their saved sessions (~2.8 MB each) count against the owner's budget.
+            ("WASMBOX_SNAPSHOT_DISK_MB", "8192"),
         ],
     )
     .await;
@@ -680,4 +682,185 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
+}
+
+/// Makes `n` empty directories in sandbox `id`'s workspace (a fresh interpreter: no session).
+async fn empty_dirs(c: &Client, id: &str, n: usize) {
+    let v = ok(
+        c,
+        "execute_code",
+        json!({"sandbox_id": id, "language": "python", "code":
+            format!("import os\nfor i in range({n}): os.mkdir(f'/workspace/d{{i}}')")}),
+    )
+    .await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+}
+
+/// Bytes of the blocks under `dir`, as du counts them.
+fn du(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    common::walk(dir)
+        .iter()
+        .chain([dir.to_path_buf()].iter())
+        .filter_map(|p| std::fs::symlink_metadata(p).ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+const MIB: u64 = 1 << 20;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_of_empty_directories_are_charged_their_blocks_and_entries() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[("WASMBOX_SNAPSHOT_DISK_MB", "4")]).await;
+    let id = create_sandbox(&c, json!({"template_id": "python"})).await;
+    empty_dirs(&c, &id, 300).await;
+    let mut charged = Vec::new();
+    let mut refusal = None;
+    for _ in 0..20 {
+        let r = common::call(&c, "snapshot_sandbox", json!({"sandbox_id": id})).await;
+        let v = common::object(&r);
+        if common::is_error(&r) {
+            refusal = Some(v);
+            break;
+        }
+        assert_eq!(v["size_bytes"], 0, "{v}");
+        charged.push(v["charged_bytes"].as_u64().unwrap_or(0));
+    }
+    let used = du(&data.path().join("snapshots"));
+    let Some(e) = refusal else {
+        panic!(
+            "snapshots of 300 empty directories were never refused: {} made, the store takes \
+             {used} bytes",
+            charged.len()
+        );
+    };
+    assert!(e.to_string().contains("WASMBOX_SNAPSHOT_DISK_MB"), "{e}");
+    assert_eq!(
+        charged.len(),
+        1,
+        "a second copy would pass 4 MiB: {charged:?}"
+    );
+    // A block and an entry per directory.
+    assert!(charged[0] >= 300 * 8192, "{charged:?}");
+    assert!(used <= 4 * MIB + charged[0], "the store takes {used} bytes");
+    let listed = ok(&c, "list_snapshots", json!({})).await;
+    assert_eq!(listed["count"], 1, "{listed}");
+    assert_eq!(listed["disk_limit_bytes"], 4 * MIB, "{listed}");
+    assert!(
+        listed["disk_used_bytes"].as_u64().unwrap() >= charged[0],
+        "{listed}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_snapshots_cannot_jointly_pass_the_quota() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[("WASMBOX_SNAPSHOT_DISK_MB", "4")]).await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let id = create_sandbox(&c, json!({"template_id": "python"})).await;
+        empty_dirs(&c, &id, 300).await;
+        ids.push(id);
+    }
+    // Each fits alone; two do not.
+    let calls: Vec<_> = ids
+        .iter()
+        .map(|id| common::spawn_call(&c, "snapshot_sandbox", json!({"sandbox_id": id})))
+        .collect();
+    let mut charged = 0;
+    let mut made = 0;
+    for call in calls {
+        let r = call.await.unwrap().unwrap();
+        let v = common::object(&r);
+        if common::is_error(&r) {
+            assert!(v.to_string().contains("WASMBOX_SNAPSHOT_DISK_MB"), "{v}");
+        } else {
+            made += 1;
+            charged += v["charged_bytes"].as_u64().unwrap_or(0);
+        }
+    }
+    let used = du(&data.path().join("snapshots"));
+    assert_eq!(
+        made, 1,
+        "{made} snapshots made; the store takes {used} bytes"
+    );
+    assert!(used <= 4 * MIB, "the store takes {used} bytes");
+    assert!(
+        (used..=4 * MIB).contains(&charged),
+        "charged {charged}, du {used}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_over_the_state_cap_stays_live_and_writes_nothing() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[("WASMBOX_STATE_MB", "8")]).await;
+    let id = create_sandbox(&c, json!({"template_id": "python"})).await;
+    run(&c, &id, "python", "import os\nb = os.urandom(12_000_000)").await;
+    let v = ok(&c, "pause_sandbox", json!({"id": id})).await;
+    assert!(notes(&v).contains("WASMBOX_STATE_MB"), "{v}");
+    assert!(notes(&v).contains("stays in memory"), "{v}");
+    let state = state_file(data.path(), &id, "python");
+    assert!(!state.exists());
+    let dir = state.parent().unwrap();
+    assert!(du(dir) < MIB, "{:?}", common::entries(dir));
+    ok(&c, "resume_sandbox", json!({"id": id})).await;
+    let v = run(&c, &id, "python", "print(len(b))").await;
+    assert_eq!(v["stdout"], "12000000\n", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn saved_sessions_count_against_the_owners_budget() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[("WASMBOX_SNAPSHOT_DISK_MB", "20")]).await;
+    let code = "import os\nb = os.urandom(12_000_000)";
+    let a = create_sandbox(&c, json!({"template_id": "python"})).await;
+    run(&c, &a, "python", code).await;
+    let v = ok(&c, "pause_sandbox", json!({"id": a})).await;
+    assert!(notes(&v).contains("saved to disk"), "{v}");
+
+    let b = create_sandbox(&c, json!({"template_id": "python"})).await;
+    run(&c, &b, "python", code).await;
+    let v = ok(&c, "pause_sandbox", json!({"id": b})).await;
+    assert!(notes(&v).contains("WASMBOX_SNAPSHOT_DISK_MB"), "{v}");
+    assert!(!state_file(data.path(), &b, "python").exists());
+    ok(&c, "resume_sandbox", json!({"id": b})).await;
+    let v = run(&c, &b, "python", "print(len(b))").await;
+    assert_eq!(v["stdout"], "12000000\n", "{v}");
+    let listed = ok(&c, "list_snapshots", json!({})).await;
+    assert!(
+        listed["disk_used_bytes"].as_u64().unwrap() > 12_000_000,
+        "{listed}"
+    );
+    // A snapshot is refused too while the saved session takes the room.
+    let e = err(&c, "snapshot_sandbox", json!({"sandbox_id": b})).await;
+    assert!(e.to_string().contains("WASMBOX_SNAPSHOT_DISK_MB"), "{e}");
+
+    ok(&c, "delete_sandbox", json!({"id": a})).await;
+    let v = ok(&c, "pause_sandbox", json!({"id": b})).await;
+    assert!(notes(&v).contains("saved to disk"), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_snapshots_fits_the_answer_budget() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[("WASMBOX_RESULT_BYTES", "3000")]).await;
+    let id = create_sandbox(&c, json!({"template_id": "javascript"})).await;
+    for _ in 0..25 {
+        ok(&c, "snapshot_sandbox", json!({"sandbox_id": id})).await;
+    }
+    let r = common::call(&c, "list_snapshots", json!({})).await;
+    let text = &r.content[0].as_text().unwrap().text;
+    let v = common::object(&r);
+    assert!(
+        text.len() <= 3000,
+        "{} bytes, {} snapshots listed",
+        text.len(),
+        v["count"]
+    );
+    assert_eq!(v["truncated"], true, "{v}");
+    let n = v["count"].as_u64().unwrap();
+    assert!((1..25).contains(&n), "{v}");
+    assert_eq!(v["snapshots"].as_array().unwrap().len() as u64, n);
 }

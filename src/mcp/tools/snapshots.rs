@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::args::SandboxArgs;
-use super::reply::{Reply, ToolError, ToolResult, schema};
+use super::reply::{Reply, ToolError, ToolResult, fit_list, on_disk, schema};
 use super::sandboxes::{SandboxReply, created};
 use super::{WasmboxServer, not_found};
 use crate::Error;
@@ -31,6 +31,9 @@ pub struct SnapshotReply {
     pub sandbox_id: String,
     pub template_id: String,
     pub size_bytes: u64,
+    /// What it is charged against WASMBOX_SNAPSHOT_DISK_MB: its blocks on disk, and a block
+    /// per file and directory.
+    pub charged_bytes: u64,
     pub created_at: String,
     /// The languages whose sessions (variables) it holds.
     pub languages: Vec<Language>,
@@ -43,17 +46,25 @@ impl From<&SnapshotMeta> for SnapshotReply {
             sandbox_id: m.sandbox_id.clone(),
             template_id: m.template.clone(),
             size_bytes: m.size_bytes,
+            charged_bytes: m.charged_bytes,
             created_at: rfc3339(m.created_at()),
             languages: m.languages.clone(),
         }
     }
 }
 
-/// `list_snapshots`.
+/// `list_snapshots`: as many as fit the answer's budget, oldest first.
 #[derive(Serialize, JsonSchema)]
 pub struct SnapshotList {
     pub snapshots: Vec<SnapshotReply>,
     pub count: usize,
+    pub truncated: bool,
+    /// null when truncated.
+    pub total_snapshots: Option<usize>,
+    /// What this owner's snapshots and saved sessions take on disk, and may take
+    /// (WASMBOX_SNAPSHOT_DISK_MB).
+    pub disk_used_bytes: u64,
+    pub disk_limit_bytes: u64,
 }
 
 /// `delete_snapshot`.
@@ -132,18 +143,29 @@ impl WasmboxServer {
         output_schema = schema::<SnapshotList>()
     )]
     async fn list_snapshots(&self) -> ToolResult<SnapshotList> {
-        let snapshots: Vec<SnapshotReply> = self
-            .wasmbox
-            .sandboxes()
-            .snapshots
-            .list(&self.owner)
-            .iter()
-            .map(SnapshotReply::from)
-            .collect();
-        Ok(Reply::new(SnapshotList {
-            count: snapshots.len(),
-            snapshots,
-        }))
+        let (sandboxes, owner) = (self.wasmbox.sandboxes().clone(), self.owner.clone());
+        let budget = self.wasmbox.config().result_bytes;
+        // Reads every snapshot's meta.json: off the runtime's workers.
+        on_disk(move || {
+            let all = sandboxes.snapshots.list(&owner);
+            let total = all.len();
+            let answer = json!({
+                "disk_used_bytes": sandboxes.owner_used(&owner, None),
+                "disk_limit_bytes": sandboxes.snapshots.ledger().max(),
+            });
+            let entries = all
+                .iter()
+                .map(|m| serde_json::to_value(SnapshotReply::from(m)).unwrap_or_default());
+            Ok(Reply::json(fit_list(
+                answer,
+                "snapshots",
+                entries,
+                total,
+                false,
+                budget,
+            )))
+        })
+        .await
     }
 
     #[tool(
