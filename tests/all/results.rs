@@ -406,6 +406,8 @@ async fn adversarial_output_fits_on_every_path() {
             let r = call(&c, "execute_code", args).await;
             let v = check_adversarial(mode, &code, &r, SMALL);
             assert!(v["stdout"].is_string() && v["stderr"].is_string(), "{v}");
+            // The program ran (its first line alone is 600 KB of JSON at least): no syntax error.
+            assert_eq!(v["truncated"], true, "{mode}: {v}");
         }
         let code = adversarial_program(&mut m);
         let file = format!("adversarial{i}.py");
@@ -421,7 +423,8 @@ async fn adversarial_output_fits_on_every_path() {
             json!({"sandbox_id": id, "command": format!("python {file}")}),
         )
         .await;
-        check_adversarial("run_command", &code, &r, SMALL);
+        let v = check_adversarial("run_command", &code, &r, SMALL);
+        assert_eq!(v["truncated"], true, "{v}");
         // A background job: every listing while it runs and once it has ended.
         let code = adversarial_program(&mut m);
         ok(
