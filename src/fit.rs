@@ -4,6 +4,8 @@
 
 use std::ops::Range;
 
+use serde_json::Value;
+
 /// Bytes `c` takes inside a JSON string as serde_json writes it.
 pub fn json_char_len(c: char) -> usize {
     match c {
@@ -107,6 +109,151 @@ pub fn share(a: usize, b: usize, room: usize) -> (usize, usize) {
     (a_share, b_share)
 }
 
+/// How many characters of guest text a note may quote.
+pub const QUOTE_CHARS: usize = 200;
+
+/// Guest text as a note quotes it: at most `max` characters (then `…`), line breaks and tabs
+/// as spaces and other control characters as U+FFFD, so a quoted name cannot be a flood nor
+/// forge lines of the answer.
+pub fn quote(s: &str, max: usize) -> String {
+    let mut chars = s.chars();
+    let mut out: String = chars
+        .by_ref()
+        .take(max)
+        .map(|c| match c {
+            '\n' | '\r' | '\t' => ' ',
+            c if c.is_control() => '\u{fffd}',
+            c => c,
+        })
+        .collect();
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// The end of guest text (where a traceback says what went wrong) as a note quotes it, as
+/// [`quote`] does its start.
+pub fn quote_tail(s: &str, max: usize) -> String {
+    match s.char_indices().rev().nth(max) {
+        Some((i, c)) => format!("…{}", quote(&s[i + c.len_utf8()..], max)),
+        None => quote(s, max),
+    }
+}
+
+/// Strings taking at most this many bytes of JSON are never cut by [`fit_value`]: a marker
+/// alone takes up to 60.
+const MIN_CUT: usize = 120;
+
+/// Bytes `v` takes as 2-space-indented JSON text (a tool answer's text block), counted without
+/// building the text.
+pub fn pretty_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    let _ = serde_json::to_writer_pretty(&mut n, v);
+    n.0
+}
+
+/// Fits `v`'s 2-space-indented text (and so its compact text) to `budget` bytes whatever its
+/// fields hold: the longest strings are cut in the middle (start and end kept, a marker
+/// between) to one common length, as long as that keeps [`MIN_CUT`] bytes each; if short
+/// strings alone still overflow, the longest lists lose entries from their end. No field is
+/// removed, so `v` keeps its schema. What stays over the budget is only the fixed frame (keys,
+/// numbers, a string of at most `MIN_CUT` bytes per field). Returns whether anything was cut.
+pub fn fit_value(v: &mut Value, budget: usize) -> bool {
+    let mut cut = false;
+    loop {
+        let len = pretty_len(v);
+        if len <= budget {
+            return cut;
+        }
+        if !cut_strings(v, len - budget) && !shorten_a_list(v, len - budget) {
+            return cut;
+        }
+        cut = true;
+    }
+}
+
+/// Cuts the longest strings of `v` to the one length that saves `excess` bytes of JSON (but
+/// never below [`MIN_CUT`]). Returns whether any was cut.
+fn cut_strings(v: &mut Value, excess: usize) -> bool {
+    fn strings<'a>(v: &'a mut Value, out: &mut Vec<&'a mut String>) {
+        match v {
+            Value::String(s) => out.push(s),
+            Value::Array(a) => a.iter_mut().for_each(|x| strings(x, out)),
+            Value::Object(m) => m.values_mut().for_each(|x| strings(x, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    strings(v, &mut all);
+    let mut lens: Vec<usize> = all.iter().map(|s| json_len(s)).collect();
+    lens.sort_unstable_by(|a, b| b.cmp(a));
+    // Cutting the k longest to `level` saves (their sum) - k * level: the highest level that
+    // saves `excess` while cutting no string shorter than it.
+    let mut level = 0;
+    let mut sum = 0;
+    for (i, &n) in lens.iter().enumerate() {
+        sum += n;
+        let next = lens.get(i + 1).copied().unwrap_or(0);
+        if sum >= excess + (i + 1) * next {
+            level = (sum - excess) / (i + 1);
+            break;
+        }
+    }
+    let level = level.max(MIN_CUT);
+    let mut cut = false;
+    for s in all {
+        if let Some((text, _)) = elide_middle(s, None, level) {
+            *s = text;
+            cut = true;
+        }
+    }
+    cut
+}
+
+/// Drops entries from the end of `v`'s largest non-empty list until about `excess` bytes
+/// are saved. Returns whether any was dropped.
+fn shorten_a_list(v: &mut Value, excess: usize) -> bool {
+    fn largest<'a>(v: &'a mut Value, best: &mut Option<(usize, &'a mut Vec<Value>)>) {
+        match v {
+            Value::Array(a) => {
+                let n = 2 + a.iter().map(pretty_len).sum::<usize>();
+                // Lists inside this one are smaller than it.
+                if !a.is_empty() && best.as_ref().is_none_or(|(m, _)| n > *m) {
+                    *best = Some((n, a));
+                } else {
+                    a.iter_mut().for_each(|x| largest(x, best));
+                }
+            }
+            Value::Object(m) => m.values_mut().for_each(|x| largest(x, best)),
+            _ => {}
+        }
+    }
+    let mut best = None;
+    largest(v, &mut best);
+    let Some((_, list)) = best else {
+        return false;
+    };
+    let mut saved = 0;
+    while saved < excess {
+        match list.pop() {
+            Some(e) => saved += pretty_len(&e) + 2,
+            None => break,
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +330,75 @@ mod tests {
         let (cut, _) = elide_middle(&s, Some(&gap), 300).unwrap();
         assert!(cut.starts_with("x\n…"), "{cut}");
         assert!(json_len(&cut) > 250, "{}", json_len(&cut));
+    }
+
+    #[test]
+    fn quotes_are_short_and_plain() {
+        assert_eq!(quote("numpyy", 200), "numpyy");
+        assert_eq!(quote("a\u{1}b\nc", 200), "a\u{fffd}b c");
+        let q = quote(&"\u{1}".repeat(900_000), 200);
+        assert_eq!(q.chars().count(), 201);
+        assert!(q.ends_with('…'));
+        assert_eq!(quote_tail("abcdef", 3), "…def");
+        assert_eq!(quote_tail("abc", 3), "abc");
+    }
+
+    /// A small deterministic PRNG (xorshift).
+    fn next(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    #[test]
+    fn any_value_fits_and_keeps_its_fields() {
+        let mut x = 0x31u64;
+        let pieces = ["\u{1}", "x", "é", "\n", "\"", "😀"];
+        for round in 0..200 {
+            let s = |x: &mut u64| {
+                let n = (next(x) % 200_000) as usize >> (next(x) % 12);
+                pieces[(next(x) % 6) as usize].repeat(n)
+            };
+            let notes: Vec<Value> = (0..next(&mut x) % 50).map(|_| s(&mut x).into()).collect();
+            let mut v = serde_json::json!({
+                "stdout": s(&mut x), "stderr": s(&mut x), "exit_code": 1,
+                "notes": notes, "nested": {"data": {"text/html": s(&mut x)}},
+                "many": vec!["short"; (next(&mut x) % 5000) as usize],
+            });
+            let keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            let budget = [300, 2_000, 8_000, 80_000][round % 4];
+            let before = pretty_len(&v);
+            let cut = fit_value(&mut v, budget);
+            let after = pretty_len(&v);
+            assert_eq!(after, serde_json::to_string_pretty(&v).unwrap().len());
+            assert!(
+                cut || before <= budget || after > budget - 600,
+                "{before} {budget}"
+            );
+            assert!(!cut || before > budget);
+            // Past a tiny budget, the frame itself (10 fields) is what may not fit.
+            assert!(
+                after <= budget.max(1_500),
+                "{after} > {budget} (round {round})"
+            );
+            let now: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            assert_eq!(keys, now);
+            assert!(v["stdout"].is_string() && v["nested"]["data"]["text/html"].is_string());
+        }
+    }
+
+    #[test]
+    fn long_strings_share_the_room() {
+        let mut v =
+            serde_json::json!({"a": "a".repeat(1_000_000), "b": "b".repeat(1_000_000), "c": "c"});
+        assert!(fit_value(&mut v, 10_000));
+        let (a, b) = (v["a"].as_str().unwrap(), v["b"].as_str().unwrap());
+        assert!(a.len().abs_diff(b.len()) < 100, "{} {}", a.len(), b.len());
+        assert!(a.len() > 4_000 && a.starts_with('a') && a.ends_with('a'));
+        assert!(a.contains("bytes elided]"));
+        assert_eq!(v["c"], "c");
+        assert!(!fit_value(&mut v, 10_000));
     }
 
     #[test]

@@ -974,14 +974,20 @@ impl Wasmbox {
                     "execution_time": r.execution_time,
                     "success": r.success,
                     "limit": r.limit,
+                    "truncated": r.truncated,
                 }),
                 Err(e) => serde_json::json!({
                     "status": "failed", "stdout": "", "stderr": e, "exit_code": 1, "success": false,
+                    "truncated": false,
                 }),
             };
             payload["execution_id"] = serde_json::json!(exec_id);
             payload["sandbox_id"] = serde_json::json!(sandbox_id);
             payload["language"] = serde_json::json!(language);
+            // A payload is an answer too: within the budget, whatever the guest printed.
+            if fit::fit_value(&mut payload, me.inner.config.result_bytes) {
+                payload["truncated"] = serde_json::json!(true);
+            }
             sandbox::webhook::deliver(&me.inner.http, url, &me.inner.webhook_key, payload).await;
         });
         Ok(id)

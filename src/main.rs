@@ -232,7 +232,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             // A closed stdout (e.g. piped into `head`) is not an error worth a panic.
             use std::io::Write;
             let _ = if json {
-                let text = serde_json::to_string_pretty(&result)? + "\n";
+                // The answer a tool would give: within WASMBOX_RESULT_BYTES.
+                let mut v = serde_json::to_value(&result)?;
+                if wasmbox::fit::fit_value(&mut v, wasmbox.config().result_bytes) {
+                    v["truncated"] = serde_json::json!(true);
+                }
+                let text = serde_json::to_string_pretty(&v)? + "\n";
                 std::io::stdout().write_all(text.as_bytes())
             } else {
                 std::io::stdout()

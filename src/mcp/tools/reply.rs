@@ -105,6 +105,44 @@ pub fn error_result(value: Value) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(pretty(&value))])
 }
 
+/// The last step of every tool call: the text block, and `structuredContent` (the same
+/// object), fitted to `budget` bytes whatever a field holds (guest output, a note, a message
+/// quoting a name), by [`crate::fit::fit_value`], so that no field the tool forgot to fit can
+/// fill a client's context. Fields are cut, never dropped, so the answer keeps its schema;
+/// one that has `truncated` says so.
+pub fn fit_result(r: &mut CallToolResult, budget: usize) {
+    let Some(text) = r.content.first().and_then(|c| c.as_text()) else {
+        return;
+    };
+    if text.text.len() <= budget {
+        return;
+    }
+    let structured = r.structured_content.is_some();
+    let value = match r.structured_content.take() {
+        Some(v) => Ok(v),
+        None => serde_json::from_str::<Value>(&text.text).map_err(|_| text.text.clone()),
+    };
+    match value {
+        Ok(mut v) => {
+            if crate::fit::fit_value(&mut v, budget)
+                && matches!(v.get("truncated"), Some(Value::Bool(_)))
+            {
+                v["truncated"] = json!(true);
+            }
+            r.content[0] = ContentBlock::text(pretty(&v));
+            if structured {
+                r.structured_content = Some(v);
+            }
+        }
+        // Prose (not ours): cut as it is; JSON measures at least its length.
+        Err(text) => {
+            if let Some((cut, _)) = crate::fit::elide_middle(&text, None, budget) {
+                r.content[0] = ContentBlock::text(cut);
+            }
+        }
+    }
+}
+
 /// The JSON object a result's text block carries (every answer of ours has one).
 pub fn text_json(r: &CallToolResult) -> Option<Value> {
     let text = r.content.first()?.as_text()?;
