@@ -5,7 +5,7 @@
   forks in a loop; no child may hold the server's environment;
 - disk by identity: rename onto itself and link/append/unlink loops under a 50 MiB quota, in a
   sandbox and in a one-shot;
-- real cost: a sandbox of 3,000 empty directories snapshotted until refused under a 10 MiB
+- real cost: a sandbox of 500 empty directories snapshotted until refused under a 10 MiB
   snapshot quota; what the snapshots take on disk stays near the quota;
 - answers: a forged missing-module line of 900,000 control characters fits the answer budget;
 - fair shares: over HTTP, token A spins twice as many one-shots as there are CPU slots, and
@@ -158,7 +158,7 @@ async def stdio_checks():
         # Snapshots are charged what they take.
         _, sb = await call(s, "create_sandbox", template_id="code-interpreter")
         await call(s, "execute_code", sandbox_id=sb["id"], timeout=60,
-                   code="import os\nfor i in range(3000):\n    os.mkdir(f'/workspace/d{i}')")
+                   code="import os\nfor i in range(500):\n    os.mkdir(f'/workspace/d{i}')")
         taken = 0
         for _ in range(30):
             r, _ = await call(s, "snapshot_sandbox", sandbox_id=sb["id"])
@@ -167,7 +167,7 @@ async def stdio_checks():
             taken += 1
         on_disk = blocks(os.path.join(data, "snapshots")) if os.path.isdir(os.path.join(data, "snapshots")) else 0
         check(taken < 30 and on_disk <= 14 * MB,
-              f"3,000 empty directories under a 10 MiB snapshot quota: {taken} snapshots, {on_disk / MB:.1f} MiB on disk")
+              f"500 empty directories under a 10 MiB snapshot quota: {taken} snapshots, {on_disk / MB:.1f} MiB on disk")
         r, v = await call(s, "list_snapshots")
         check(not r.is_error and len(r.content[0].text) <= 200_000, f"list_snapshots: {len(r.content[0].text):,} bytes")
 
