@@ -311,7 +311,10 @@ mod tests {
         let a = tempfile::tempdir().unwrap();
         let b = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
-        let (secret, landing) = (outside.path().join("secret"), outside.path().join("landing"));
+        let (secret, landing) = (
+            outside.path().join("secret"),
+            outside.path().join("landing"),
+        );
         std::fs::create_dir(&secret).unwrap();
         std::fs::write(secret.join("key"), b"host secret").unwrap();
         std::fs::create_dir(&landing).unwrap();
@@ -351,7 +354,12 @@ mod tests {
         swapped.sort();
         assert_eq!(swapped, ["f", "out/x", "sub"], "every swap ran: {r:?}");
         for (path, bytes) in contents(b.path()) {
-            assert_ne!(bytes, b"host secret", "{} holds a host file", path.display());
+            assert_ne!(
+                bytes,
+                b"host secret",
+                "{} holds a host file",
+                path.display()
+            );
         }
         assert!(
             std::fs::read_dir(&landing).unwrap().next().is_none(),

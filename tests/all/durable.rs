@@ -708,19 +708,32 @@ async fn a_server_killed_after_a_call_in_a_saved_session_says_what_was_lost() {
     assert!(notes(&v).contains("killed or crashed"), "{v}");
 }
 
-/// A saved session that no instance can hold now (a server with less memory than it had) is
-/// kept, and the call says so; a later server with the memory restores it.
+/// A saved session that no instance can be made for now (the one instance slot is held by a
+/// call in another sandbox) is kept, and the call says so; once the slot is free, it restores.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_that_cannot_be_restored_now_is_kept_for_a_later_call() {
     let data = tempfile::tempdir().unwrap();
-    let (c, pid) = stdio(data.path(), &[]).await;
+    let one_slot = [
+        ("WASMBOX_POOLED_INSTANCES", "1"),
+        ("WASMBOX_POOL_SIZE", "0"),
+    ];
+    let (c, _) = stdio(data.path(), &one_slot).await;
     let id = create_sandbox(&c, json!({"template_id": "python"})).await;
-    run(&c, &id, "python", "x = 'kept'\nbig = bytearray(600 << 20)").await;
-    stop_server(pid, libc::SIGTERM).await;
+    let v = run(&c, &id, "python", "x = 'kept'").await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    ok(&c, "pause_sandbox", json!({"id": id})).await;
+    ok(&c, "resume_sandbox", json!({"id": id})).await;
     let f = state_file(data.path(), &id, "python");
     assert!(f.is_file());
 
-    let (c, pid) = stdio(data.path(), &[("WASMBOX_MEMORY_MB", "400")]).await;
+    let other = create_sandbox(&c, json!({"template_id": "javascript"})).await;
+    let busy = common::spawn_call(
+        &c,
+        "execute_code",
+        json!({"mode": "persistent", "sandbox_id": other, "language": "javascript",
+               "code": "console.log('holding');\nos.sleep(8000);"}),
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let e = err(
         &c,
         "execute_code",
@@ -729,12 +742,10 @@ async fn a_session_that_cannot_be_restored_now_is_kept_for_a_later_call() {
     .await;
     assert!(e.to_string().contains("kept on disk"), "{e}");
     assert!(f.is_file(), "the state file is kept");
-    stop_server(pid, libc::SIGTERM).await;
-    assert!(f.is_file(), "the state file is kept");
+    let _ = busy.await;
 
-    let (c, _) = stdio(data.path(), &[]).await;
-    let v = run(&c, &id, "python", "print(x, len(big))").await;
-    assert_eq!(v["stdout"], format!("kept {}\n", 600 << 20), "{v}");
+    let v = run(&c, &id, "python", "print(x)").await;
+    assert_eq!(v["stdout"], "kept\n", "{v}");
     assert!(!f.exists(), "spent once restored");
 }
 
