@@ -182,13 +182,11 @@ impl Wasmbox {
             let slot = src.slot(language).expect("a slot per session language");
             held.push((language, hold(slot, language, PAUSE_WAIT).await?));
         }
-        // Its meta.json is synced once the fork is made (below), not on the caller's path.
-        let child = self.inner.sandboxes.create_with(
+        let child = self.inner.sandboxes.create_unfilled(
             src.template.id,
             Some(src.timeout().as_secs() as i64),
             src.env(),
             owner,
-            false,
         )?;
         // The files are copied on a blocking thread while the sessions are, on a guest thread.
         let files = {
@@ -201,6 +199,8 @@ impl Wasmbox {
             .unwrap_or_else(|e| Err(format!("copying panicked: {e}")));
         let failed = match (sessions, copied) {
             (Ok(notes), Ok(())) => {
+                // Its meta.json is synced off the caller's path.
+                self.inner.sandboxes.publish(&child, false);
                 let synced = child.clone();
                 tokio::task::spawn_blocking(move || synced.sync_saved());
                 return Ok((child, notes));
@@ -208,7 +208,7 @@ impl Wasmbox {
             (Err(e), _) => e,
             (_, Err(e)) => Error::wasm(format!("the sandbox's files could not be copied: {e}")),
         };
-        let _ = self.inner.sandboxes.delete(&child.id, owner);
+        self.inner.sandboxes.discard(&child.id);
         Err(failed)
     }
 
@@ -451,12 +451,11 @@ impl Wasmbox {
         }
         let mut all_env = meta.env.clone();
         all_env.extend(env);
-        let sb = self
-            .inner
-            .sandboxes
-            .create(&meta.template, timeout_secs, all_env, owner)?;
+        let sandboxes = self.inner.sandboxes.clone();
+        let sb = sandboxes.create_unfilled(&meta.template, timeout_secs, all_env, owner)?;
         let filled = {
-            let (sb, dir, me) = (sb.clone(), dir.clone(), self.clone());
+            let (sb, dir, me, sandboxes) =
+                (sb.clone(), dir.clone(), self.clone(), sandboxes.clone());
             tokio::task::spawn_blocking(move || -> std::result::Result<(), String> {
                 let c = copy_into(&dir.join("workspace"), &dir.join("tmp"), &sb)?;
                 sb.fs.budget().changed(c.bytes as i64, c.entries as i64);
@@ -465,13 +464,14 @@ impl Wasmbox {
                     me.copy_state(&from, &sb, language)
                         .map_err(|e| format!("the {} session: {e}", language.name()))?;
                 }
+                sandboxes.publish(&sb, true);
                 Ok(())
             })
             .await
             .unwrap_or_else(|e| Err(format!("copying panicked: {e}")))
         };
         if let Err(e) = filled {
-            let _ = self.inner.sandboxes.delete(&sb.id, owner);
+            sandboxes.discard(&sb.id);
             return Err(SnapshotError::Io(format!("the snapshot could not be copied: {e}")).into());
         }
         Ok(sb)

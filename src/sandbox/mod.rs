@@ -26,7 +26,7 @@ pub mod webhook;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -351,6 +351,9 @@ pub struct Sandbox {
     saving: Mutex<()>,
     /// The output its ended jobs keep, in all.
     kept_output: Arc<jobs::KeptOutput>,
+    /// Complete: a fork or a sandbox made from a snapshot is hidden from every tool (and has no
+    /// `meta.json`) until its files are copied, so no job can run in it while they are.
+    filled: AtomicBool,
 }
 
 /// A sandbox as HOPX's SandboxInfo describes it, plus local details (what runs, how full).
@@ -960,6 +963,7 @@ impl Sandboxes {
             max_kept_jobs: self.config.max_kept_jobs,
             saving: Mutex::new(()),
             kept_output: jobs::KeptOutput::new(jobs::SANDBOX_KEPT_OUTPUT),
+            filled: AtomicBool::new(true),
         })
     }
 
@@ -974,15 +978,38 @@ impl Sandboxes {
         self.create_with(template_name, timeout_secs, env, owner, true)
     }
 
-    /// [`Sandboxes::create`], its `meta.json` synced to disk only with `sync` (else the caller
-    /// calls [`Sandbox::sync_saved`] later, off its path).
-    pub fn create_with(
+    /// A sandbox to be filled (a fork, one made from a snapshot): counted against the caps, but
+    /// no tool finds it and no restart adopts it until [`Sandboxes::publish`]; on failure,
+    /// [`Sandboxes::discard`] it.
+    pub fn create_unfilled(
         &self,
         template_name: &str,
         timeout_secs: Option<i64>,
         env: BTreeMap<String, String>,
         owner: &str,
-        sync: bool,
+    ) -> Result<Arc<Sandbox>, SandboxError> {
+        self.create_with(template_name, timeout_secs, env, owner, false)
+    }
+
+    /// Makes a filled sandbox visible to tools, its `meta.json` written (synced only with
+    /// `sync`; else the caller calls [`Sandbox::sync_saved`] later, off its path).
+    pub fn publish(&self, sb: &Sandbox, sync: bool) {
+        sb.save_with(sync);
+        sb.filled.store(true, Ordering::Release);
+    }
+
+    /// Removes a sandbox that was never published.
+    pub fn discard(&self, id: &str) {
+        let _ = self.remove(id);
+    }
+
+    fn create_with(
+        &self,
+        template_name: &str,
+        timeout_secs: Option<i64>,
+        env: BTreeMap<String, String>,
+        owner: &str,
+        filled: bool,
     ) -> Result<Arc<Sandbox>, SandboxError> {
         let template = template(template_name)
             .ok_or_else(|| SandboxError::TemplateNotFound(template_name.to_string()))?;
@@ -1025,7 +1052,11 @@ impl Sandboxes {
             env,
             fs,
         );
-        sandbox.save_with(sync);
+        if filled {
+            sandbox.save_with(true);
+        } else {
+            sandbox.filled.store(false, Ordering::Release);
+        }
         map.insert(id, sandbox.clone());
         Ok(sandbox)
     }
@@ -1046,7 +1077,7 @@ impl Sandboxes {
         let found = self.map.lock().unwrap().get(id).cloned();
         let sb = found
             .or_else(|| self.adopt(id))
-            .filter(|sb| sb.owner == owner)
+            .filter(|sb| sb.owner == owner && sb.filled.load(Ordering::Acquire))
             .ok_or_else(|| SandboxError::NotFound(id.to_string()))?;
         // The reaper runs every second; an expired sandbox is gone from the caller's view now.
         if sb.expires_at() <= SystemTime::now() {
@@ -1063,7 +1094,7 @@ impl Sandboxes {
             .lock()
             .unwrap()
             .values()
-            .filter(|s| s.owner == owner)
+            .filter(|s| s.owner == owner && s.filled.load(Ordering::Acquire))
             .cloned()
             .collect();
         v.sort_by_key(|s| s.created_at);

@@ -93,9 +93,7 @@ pub fn write(
     })
 }
 
-/// Reads and checks the state at `path` for `rt`; `None` when there is none. The file is
-/// removed either way: a restored session moves on from it, and one that cannot be used would
-/// fail again.
+/// Reads and checks the state at `path` for `rt`; `None` when there is none.
 pub fn read(rt: &dyn SessionRuntime, path: &Path) -> Option<Result<InstanceState, String>> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
@@ -107,7 +105,6 @@ pub fn read(rt: &dyn SessionRuntime, path: &Path) -> Option<Result<InstanceState
         .take(MAX_STATE_FILE + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("its state file could not be read: {e}"));
-    let _ = std::fs::remove_file(path);
     Some(read.and_then(|n| {
         if n as u64 > MAX_STATE_FILE {
             return Err("its state file is larger than any session's state".into());
@@ -123,10 +120,19 @@ fn lost_marker(state_path: &Path) -> std::path::PathBuf {
     state_path.with_extension("lost")
 }
 
-/// Records that the session saved at `state_path` ended, and why, instead of being saved.
+/// Records why the session of `state_path` would be lost: it has turns no file holds (a call
+/// runs or ran in it), or it ended instead of being saved. The next call says so unless a state
+/// file comes first. The marker's one writer: atomic but not synced, since it has to outlive
+/// the process, not the host (unsaved turns do not either).
 pub fn note_lost(state_path: &Path, why: &str) {
     let _ = std::fs::create_dir_all(state_path.parent().unwrap_or(Path::new(".")));
-    let _ = super::write_atomic(&lost_marker(state_path), why.as_bytes());
+    let _ = super::write_replacing(&lost_marker(state_path), why.as_bytes(), false);
+}
+
+/// A state file while it is restored: set aside, so that a restore that cannot finish puts it
+/// back and one cut off by a stop leaves it for the next server.
+fn restoring_path(state_path: &Path) -> std::path::PathBuf {
+    state_path.with_extension("restoring")
 }
 
 /// Beside a session's state file while a call runs in it: the session as of the turn before.
@@ -150,6 +156,7 @@ fn keep_before(state_path: &Path, note: &str) {
 fn forget(slot: &mut Slot, state_path: &Path) {
     let _ = std::fs::remove_file(state_path);
     let _ = std::fs::remove_file(before_path(state_path));
+    let _ = std::fs::remove_file(restoring_path(state_path));
     let _ = std::fs::remove_file(lost_marker(state_path));
     slot.saved = false;
     slot.unsaved_marked = false;
@@ -183,47 +190,75 @@ pub fn copy_reseeded(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::write(reseed_marker(to), b"")
 }
 
-/// The saved session at `path` restored for `req`, and notes on what it could not keep; `None`
-/// when nothing is saved there.
+/// Why a saved session was not restored.
+pub enum Unrestored {
+    /// The file failed its checks and was removed: the call goes on in a fresh session.
+    Unusable(String),
+    /// No instance could be made to hold it now (memory, instance slots): the file is where it
+    /// was, for the next call to try again.
+    Kept(String),
+}
+
+/// The saved session at `path` (or, from a server that died mid-call, its `.before`) restored
+/// for `req`, and notes on what it could not keep; `None` when nothing is saved there. The file
+/// is removed only once restored, or once it failed its checks.
 pub fn restore(
     rt: &dyn SessionRuntime,
     req: &ExecRequest,
     path: &Path,
-) -> Option<Result<(Session, Vec<String>), String>> {
-    let marker = reseed_marker(path);
-    let reseed = marker.is_file();
-    let _ = std::fs::remove_file(&marker);
-    let mut notes: Vec<String> = take_text(&note_path(path)).into_iter().collect();
-    let read = match read(rt, path) {
-        Some(r) => r,
-        None => {
-            // A server that died mid-call, saving nothing: the turn before that call.
-            let r = read(rt, &before_path(path))?;
-            notes.push(format!(
-                "the server stopped during a {} call without shutting down cleanly; variables \
-                 are as of the turn before that call",
-                rt.language().name()
-            ));
-            r
+) -> Option<Result<(Session, Vec<String>), Unrestored>> {
+    let aside = restoring_path(path);
+    let before = before_path(path);
+    // Newest first; an aside file is one whose restore a stop cut off.
+    let from = if std::fs::rename(path, &aside).is_ok() || aside.is_file() {
+        path
+    } else if std::fs::rename(&before, &aside).is_ok() {
+        before.as_path()
+    } else {
+        return None;
+    };
+    let put_back = || {
+        let _ = std::fs::rename(&aside, from);
+    };
+    let spent = || {
+        for p in [&aside, &reseed_marker(path), &lost_marker(path)] {
+            let _ = std::fs::remove_file(p);
         }
     };
-    // Whatever was lost before this file was written no longer matters.
-    let _ = std::fs::remove_file(lost_marker(path));
-    let st = match read {
-        Ok(st) => st,
-        Err(e) => return Some(Err(e)),
+    let st = match read(rt, &aside) {
+        None => return None,
+        Some(Ok(st)) => st,
+        Some(Err(e)) => {
+            spent();
+            let _ = std::fs::remove_file(note_path(path));
+            return Some(Err(Unrestored::Unusable(e)));
+        }
     };
-    Some(
-        session::restore(rt, req, &st)
-            .and_then(|(mut s, mut n)| {
-                if reseed {
-                    rt.reseed(&mut s)?;
-                }
-                notes.append(&mut n);
-                Ok((s, notes))
-            })
-            .map_err(|e| e.to_string()),
-    )
+    let reseed = reseed_marker(path).is_file();
+    let restored = session::restore(rt, req, &st).and_then(|(mut s, n)| {
+        if reseed {
+            rt.reseed(&mut s)?;
+        }
+        Ok((s, n))
+    });
+    let (session, mut n) = match restored {
+        Ok(r) => r,
+        Err(e) => {
+            put_back();
+            return Some(Err(Unrestored::Kept(e.to_string())));
+        }
+    };
+    spent();
+    let mut notes: Vec<String> = take_text(&note_path(path)).into_iter().collect();
+    if from == before.as_path() {
+        notes.push(format!(
+            "the server stopped during a {} call without shutting down cleanly; variables are \
+             as of the turn before that call",
+            rt.language().name()
+        ));
+    }
+    notes.append(&mut n);
+    Some(Ok((session, notes)))
 }
 
 /// A copy of `session` for `req`'s place, with random generators of its own. Runs wasm (the
@@ -264,17 +299,17 @@ pub fn call(
     let name = rt.language().name();
     let mut notes = Vec::new();
     if slot.session.as_ref().is_none_or(|s| !s.alive()) {
-        if let Some(why) = slot.ended.take() {
-            notes.push(format!(
-                "the previous {name} session ended ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
-            ));
-        }
         let session = match restore(rt, req, state_path) {
             Some(Ok((s, mut n))) => {
                 notes.append(&mut n);
                 s
             }
-            Some(Err(why)) => {
+            Some(Err(Unrestored::Kept(why))) => {
+                return Err(crate::Error::wasm(format!(
+                    "the saved {name} session could not be restored now ({why}); it is kept on disk and the next call tries again (files in /workspace are unaffected)"
+                )));
+            }
+            Some(Err(Unrestored::Unusable(why))) => {
                 tracing::warn!("a saved {name} session could not be restored: {why}");
                 notes.push(format!(
                     "the saved {name} session could not be restored ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
@@ -290,6 +325,11 @@ pub fn call(
                 rt.start(req)?
             }
         };
+        if let Some(why) = slot.ended.take() {
+            notes.insert(0, format!(
+                "the previous {name} session ended ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
+            ));
+        }
         slot.session = Some(session);
         slot.saved = false;
     }
@@ -298,17 +338,17 @@ pub fn call(
     let before = before_path(state_path);
     let mut kept_before = false;
     if keep.durable {
-        if std::mem::take(&mut slot.saved) {
-            kept_before = std::fs::rename(state_path, &before).is_ok();
-        }
-        if !kept_before && !slot.unsaved_marked {
-            // On the call's path, so not synced: it has to outlive the process, not the host.
-            let _ = std::fs::create_dir_all(state_path.parent().unwrap_or(Path::new(".")));
-            let _ = std::fs::write(
-                lost_marker(state_path),
+        // Before `.before` is there to be removed after the call: a stop between then and the
+        // next save finds the marker (a stop during the call finds `.before`, which wins).
+        if !slot.unsaved_marked {
+            note_lost(
+                state_path,
                 "the server stopped without saving it: it was killed or crashed",
             );
             slot.unsaved_marked = true;
+        }
+        if std::mem::take(&mut slot.saved) {
+            kept_before = std::fs::rename(state_path, &before).is_ok();
         }
     } else {
         slot.saved = false;

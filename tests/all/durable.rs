@@ -684,6 +684,117 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
+/// A call in a session saved as it is leaves the `.lost` marker before its `.before` goes: a
+/// server killed after the call and before the next idle save says the variables were lost,
+/// never starts fresh silently.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_killed_after_a_call_in_a_saved_session_says_what_was_lost() {
+    let data = tempfile::tempdir().unwrap();
+    // The next idle save comes 3 s after the call: the kill below comes well before.
+    let (c, pid) = stdio(data.path(), &[("WASMBOX_SAVE_IDLE_MS", "3000")]).await;
+    let id = create_sandbox(&c, json!({"template_id": "python"})).await;
+    run(&c, &id, "python", "x = 'saved'").await;
+    wait_saved(data.path(), &id, "python").await;
+    run(&c, &id, "python", "x = 'after the save'").await;
+    let f = state_file(data.path(), &id, "python");
+    assert!(!f.with_extension("before").exists());
+    assert!(
+        f.with_extension("lost").is_file(),
+        "no marker for the turn no file holds"
+    );
+    stop_server(pid, libc::SIGKILL).await;
+
+    let (c, _) = stdio(data.path(), &[]).await;
+    let v = run(&c, &id, "python", "print('x' in globals())").await;
+    assert_eq!(v["stdout"], "False\n", "{v}");
+    assert!(notes(&v).contains("killed or crashed"), "{v}");
+}
+
+/// A saved session that no instance can be made for now (the one instance slot is held by a
+/// call in another sandbox) is kept, and the call says so; once the slot is free, it restores.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_that_cannot_be_restored_now_is_kept_for_a_later_call() {
+    let data = tempfile::tempdir().unwrap();
+    let one_slot = [
+        ("WASMBOX_POOLED_INSTANCES", "1"),
+        ("WASMBOX_POOL_SIZE", "0"),
+    ];
+    let (c, _) = stdio(data.path(), &one_slot).await;
+    let id = create_sandbox(&c, json!({"template_id": "python"})).await;
+    let v = run(&c, &id, "python", "x = 'kept'").await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    ok(&c, "pause_sandbox", json!({"id": id})).await;
+    ok(&c, "resume_sandbox", json!({"id": id})).await;
+    let f = state_file(data.path(), &id, "python");
+    assert!(f.is_file());
+
+    let other = create_sandbox(&c, json!({"template_id": "javascript"})).await;
+    let busy = common::spawn_call(
+        &c,
+        "execute_code",
+        json!({"mode": "persistent", "sandbox_id": other, "language": "javascript",
+               "code": "console.log('holding');\nos.sleep(8000);"}),
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let e = err(
+        &c,
+        "execute_code",
+        json!({"mode": "persistent", "sandbox_id": id, "code": "print(x)"}),
+    )
+    .await;
+    assert!(e.to_string().contains("kept on disk"), "{e}");
+    assert!(f.is_file(), "the state file is kept");
+    let _ = busy.await;
+
+    let v = run(&c, &id, "python", "print(x)").await;
+    assert_eq!(v["stdout"], "kept\n", "{v}");
+    assert!(!f.exists(), "spent once restored");
+}
+
+/// A sandbox made from a snapshot is in no listing until its files are copied: nothing can
+/// run in it (a job swapping its directories for links) while the host writes into it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_being_filled_from_a_snapshot_is_not_listed_until_complete() {
+    let data = tempfile::tempdir().unwrap();
+    let (c, _) = stdio(data.path(), &[]).await;
+    let src = create_sandbox(&c, json!({"template_id": "python"})).await;
+    let v = run(
+        &c,
+        &src,
+        "python",
+        "import os\nos.mkdir('/workspace/d')\nfor i in range(4000):\n    \
+         open(f'/workspace/d/{i}', 'w').write('x' * 100)",
+    )
+    .await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let snap = ok(&c, "snapshot_sandbox", json!({"sandbox_id": src})).await;
+    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
+    // A listing read as the creation ends may show the new sandbox: complete, as every
+    // sandbox listed must be (its files counted once they are all copied).
+    for _ in 0..3 {
+        let creating = common::spawn_call(&c, "create_sandbox", json!({"from_snapshot": snap_id}));
+        let mut partial = Vec::new();
+        while !creating.is_finished() {
+            let l = ok(&c, "list_sandboxes", json!({})).await;
+            for s in l["data"].as_array().unwrap() {
+                if s["sandbox_id"] != src.as_str() && s["workspace"]["entries"] != 4001 {
+                    partial.push(s.clone());
+                }
+            }
+        }
+        let made = common::object(&creating.await.unwrap().unwrap());
+        let made = made["id"].as_str().unwrap().to_string();
+        assert!(partial.is_empty(), "listed while being filled: {partial:?}");
+        let v = run(
+            &c,
+            &made,
+            "python",
+            "print(len(__import__('os').listdir('/workspace/d')))",
+        )
+        .await;
+        assert_eq!(v["stdout"], "4000\n", "{v}");
+    }
+
 /// Makes `n` empty directories in sandbox `id`'s workspace (a fresh interpreter: no session).
 async fn empty_dirs(c: &Client, id: &str, n: usize) {
     let v = ok(
