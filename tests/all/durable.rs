@@ -794,6 +794,7 @@ async fn a_sandbox_being_filled_from_a_snapshot_is_not_listed_until_complete() {
         .await;
         assert_eq!(v["stdout"], "4000\n", "{v}");
     }
+}
 
 /// Makes `n` empty directories in sandbox `id`'s workspace (a fresh interpreter: no session).
 async fn empty_dirs(c: &Client, id: &str, n: usize) {
