@@ -567,7 +567,17 @@ impl Wasmbox {
     /// Before a session starts in `(sandbox, language)`: while live sessions are at their cap,
     /// saves the least recently used idle one to disk and frees it, so sessions never run the
     /// engine out of instance slots (or the host out of memory). Sessions in a call are left.
-    pub(crate) fn make_room(&self, for_sandbox: &str, for_language: Language) {
+    /// The saving (of any owner's sessions) is done on the blocking pool, not on a guest thread
+    /// in the caller's CPU slot.
+    pub(crate) async fn make_room(&self, for_sandbox: &str, for_language: Language) {
+        let (me, id) = (self.clone(), for_sandbox.to_string());
+        let saved = tokio::task::spawn_blocking(move || me.make_room_now(&id, for_language));
+        if let Err(e) = saved.await {
+            tracing::warn!("making room for a session: {e}");
+        }
+    }
+
+    fn make_room_now(&self, for_sandbox: &str, for_language: Language) {
         let max = self.inner.config.sandbox.max_live_sessions;
         loop {
             let mut live = 0usize;

@@ -105,6 +105,8 @@ pub struct ExecOptions {
     pub cancel: Option<Arc<engine::limits::Stop>>,
     /// Where the call's progress goes (see [`ExecRequest::progress`]).
     pub progress: Option<engine::progress::ProgressSink>,
+    /// Whose call it is (see [`ExecRequest::owner`]); `None` is the local user.
+    pub owner: Option<engine::cpu::Owner>,
 }
 
 /// The sandbox service: one engine, the loaded runtimes, and the limits.
@@ -405,6 +407,7 @@ impl Wasmbox {
         serde_json::json!({
             "total": cpu.total(),
             "reserved_for_calls": cpu.reserved(),
+            "per_owner_while_others_wait": cpu.share(),
             "busy": busy,
             "background": background,
             "max_guests": self.inner.config.max_guests,
@@ -511,6 +514,7 @@ impl Wasmbox {
             cancel: opts.cancel,
             progress: opts.progress,
             images: cfg.images,
+            owner: opts.owner.unwrap_or_else(|| sandbox::LOCAL_OWNER.into()),
         })
     }
 
@@ -525,8 +529,9 @@ impl Wasmbox {
             };
             return self.execute_in_cloud(&req, &route).await;
         }
+        let owner = req.owner.clone();
         let run = self.runner(req).await?;
-        self.on_guest_thread(run).await
+        self.on_guest_thread(owner, run).await
     }
 
     /// A one-shot that goes where routing says: `bash`, `internet_access` or a cloud-only
@@ -688,8 +693,9 @@ impl Wasmbox {
         working_dir: Option<&str>,
     ) -> Result<ExecResult> {
         self.place_in(sb, &mut req, working_dir, sb.stop.clone())?;
+        let owner = req.owner.clone();
         let run = self.runner(req).await?;
-        self.on_guest_thread(with_quota_note(sb, run)).await
+        self.on_guest_thread(owner, with_quota_note(sb, run)).await
     }
 
     /// The blocking run of `req` as a one-shot (in its `place` if it has one), with its
@@ -713,10 +719,10 @@ impl Wasmbox {
         })
     }
 
-    /// Runs a blocking execution on a guest thread, holding a CPU slot while it computes.
-    /// Waiting for the thread and the slot is bounded by the queue wait (then: busy); the call's
-    /// own deadline starts when it runs.
-    async fn on_guest_thread(&self, run: Run) -> Result<ExecResult> {
+    /// Runs a blocking execution on a guest thread, holding a CPU slot (`owner`'s share of
+    /// them) while it computes. Waiting for the thread and the slot is bounded by the queue wait
+    /// (then: busy); the call's own deadline starts when it runs.
+    async fn on_guest_thread(&self, owner: engine::cpu::Owner, run: Run) -> Result<ExecResult> {
         let cfg = &self.inner.config;
         let queued = Instant::now();
         let busy = move || {
@@ -740,7 +746,7 @@ impl Wasmbox {
             .inner
             .guests
             .run(
-                move || match cpu.acquire(engine::cpu::Class::Foreground, wait) {
+                move || match cpu.acquire(&owner, engine::cpu::Class::Foreground, wait) {
                     Some(permit) => engine::cpu::CpuSlots::run_holding(permit, run),
                     None => Err(refused),
                 },
@@ -756,6 +762,7 @@ impl Wasmbox {
     /// in the job budget until it ends.
     fn spawn_background(
         &self,
+        owner: engine::cpu::Owner,
         name: String,
         run: Run,
         stop: Arc<engine::limits::Stop>,
@@ -769,8 +776,14 @@ impl Wasmbox {
             .stack_size(engine::GUEST_THREAD_STACK)
             .spawn(move || {
                 let _ticket = ticket;
+                let since = Instant::now();
                 let permit = loop {
-                    let p = cpu.acquire(engine::cpu::Class::Background, Duration::from_millis(10));
+                    let p = cpu.acquire_since(
+                        &owner,
+                        engine::cpu::Class::Background,
+                        since,
+                        Duration::from_millis(10),
+                    );
                     if p.is_some() || stop.reason().is_some() {
                         break p;
                     }
@@ -816,6 +829,8 @@ impl Wasmbox {
             .working_dir(working_dir.unwrap_or(lang::guest::WORKSPACE_GUEST))?;
         req.env = sb.env_with(&req.env);
         req.place = Some(sb.place(cwd, stop));
+        // The work is the sandbox owner's, whoever the library was called by.
+        req.owner = sb.owner.as_str().into();
         sb.executions.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -831,22 +846,22 @@ impl Wasmbox {
         rich: bool,
     ) -> Result<ExecResult> {
         self.place_in(sb, &mut req, working_dir, sb.stop.clone())?;
+        let owner = req.owner.clone();
         let run: Run = match sb.slot(req.language) {
             Some(slot) => {
                 let rt = self
                     .session_runtime(req.language, req.progress.as_ref())
                     .await?;
                 let slot = slot.clone().lock_owned().await;
+                if slot.session.is_none() {
+                    self.make_room(&sb.id, req.language).await;
+                }
                 let path = sb.state_path(req.language);
                 let save_after = self.inner.config.sandbox.save_every_call;
                 let durable = self.inner.sandboxes.persistent();
-                let (me, id) = (self.clone(), sb.id.clone());
                 let gate = self.inner.sandboxes.state_gate(&sb.owner);
                 Box::new(move || {
                     let mut slot = slot;
-                    if slot.session.is_none() {
-                        me.make_room(&id, req.language);
-                    }
                     let keep = sandbox::sessions::Keep {
                         state: &path,
                         save_after,
@@ -858,7 +873,7 @@ impl Wasmbox {
             }
             None => self.runner(req).await?,
         };
-        self.on_guest_thread(with_quota_note(sb, run)).await
+        self.on_guest_thread(owner, with_quota_note(sb, run)).await
     }
 
     /// Starts `req` as a background job of `sb`, in a fresh instance that shares the sandbox's
@@ -884,6 +899,7 @@ impl Wasmbox {
         sb.add_job(job.clone())?;
         let (j, sb2) = (job.clone(), sb.clone());
         let started = self.spawn_background(
+            sb.owner.as_str().into(),
             format!("wasmbox-job-{}", job.id),
             run,
             job.stop.clone(),
@@ -938,6 +954,7 @@ impl Wasmbox {
                 req.progress = None;
                 let run = self.runner(req).await?;
                 let place = self.inner.jobs.take_queued(owner, bytes).await?;
+                let owner: engine::cpu::Owner = owner.into();
                 let me2 = self.clone();
                 let id = format!("exec_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
                 let name = format!("wasmbox-async-{id}");
@@ -950,7 +967,7 @@ impl Wasmbox {
                         };
                         let (tx, rx) = tokio::sync::oneshot::channel();
                         let stop = Arc::new(engine::limits::Stop::default());
-                        me2.spawn_background(name, run, stop, ticket, move |r| {
+                        me2.spawn_background(owner, name, run, stop, ticket, move |r| {
                             let _ = tx.send(r);
                         })
                         .map_err(|e| e.to_string())?;

@@ -48,9 +48,10 @@ enum Command {
         /// Allow --http on a non-loopback address.
         #[arg(long, requires = "http")]
         allow_remote: bool,
-        /// Tool calls one token may have running at once.
-        #[arg(long, env = "WASMBOX_TOKEN_CONCURRENCY", default_value_t = 8)]
-        calls_per_token: usize,
+        /// Tool calls one token may have running at once [default: the CPU slots less one, at
+        /// least 1, so that one token's calls never fill every slot].
+        #[arg(long, env = "WASMBOX_TOKEN_CONCURRENCY")]
+        calls_per_token: Option<usize>,
     },
     /// Run code once in a fresh sandbox; prints its output and exits with its exit code.
     Run {
@@ -134,6 +135,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             calls_per_token,
         } => {
             let dir = config_dir(&wasmbox);
+            let calls_per_token = calls_per_token
+                .unwrap_or(wasmbox.config().max_concurrency - 1)
+                .max(1);
             let from_env = std::env::var("WASMBOX_TOKEN").ok();
             let chosen = from_env.is_some();
             let (tokens, generated) = wasmbox::mcp::serve::http_tokens(from_env, &dir)?;
@@ -155,7 +159,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                     addr,
                     allow_remote,
                     tokens,
-                    calls_per_token: calls_per_token.max(1),
+                    calls_per_token,
                 },
             )
             .await?;
@@ -227,6 +231,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 echo: false,
                 cancel: None,
                 progress: None,
+                owner: None,
             })?;
             let result = wasmbox.execute(req).await?;
             // A closed stdout (e.g. piped into `head`) is not an error worth a panic.

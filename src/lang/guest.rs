@@ -287,8 +287,9 @@ impl Guest {
     }
 
     /// A sandboxed guest's deadline goes through a callback that also ends it when its stop
-    /// flag is raised (kill, sandbox deleted) or its workspace goes over quota: the engine's
-    /// epoch is shared, so per-guest stops must go through the store.
+    /// flag is raised (kill, sandbox deleted) or its workspace goes over quota, and gives its
+    /// CPU slot to another owner when its owner holds more than its share: the engine's epoch
+    /// is shared, so per-guest stops must go through the store.
     fn watch_by_callback(&mut self) {
         if self.callback {
             return;
@@ -296,8 +297,9 @@ impl Guest {
         self.callback = true;
         self.store.epoch_deadline_callback(|mut cx| {
             let watch = &mut cx.data_mut().watch;
+            watch.check(Instant::now())?;
+            watch.share_slot()?;
             let now = Instant::now();
-            watch.check(now)?;
             Ok(UpdateDeadline::Continue(
                 deadline_ticks(watch.deadline() - now).min(WATCH_TICKS),
             ))

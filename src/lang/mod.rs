@@ -90,6 +90,8 @@ pub struct ExecRequest {
     /// The figures a Python run leaves open come back as images within this (`None`: they are
     /// left alone, as for background work whose result carries no images).
     pub images: Option<images::ImageBudget>,
+    /// Whose call it is: the CPU slots are shared between owners (`engine::cpu`).
+    pub owner: crate::engine::cpu::Owner,
 }
 
 /// Where a sandboxed execution runs: its sandbox's `/workspace` and `/tmp` (host directories

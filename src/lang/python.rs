@@ -1472,6 +1472,7 @@ mod tests {
             cancel: None,
             progress: None,
             images: None,
+            owner: "local".into(),
         };
         let t = user_turn(&req);
         assert!(t.contains(r#""A":"x\"y\n""#), "{t}");

@@ -169,7 +169,7 @@ impl Watch {
     /// the wait with the guest's deadline, stop flag or quota. The slot is taken back before
     /// returning `Ok`.
     pub fn wait(&mut self, wake: Option<Instant>) -> wasmtime::Result<()> {
-        let mut released = cpu::release();
+        let released = cpu::release();
         loop {
             let now = Instant::now();
             self.check(now)?;
@@ -182,7 +182,21 @@ impl Watch {
             }
             std::thread::sleep(until.saturating_duration_since(now));
         }
-        // Waiting for a slot is waiting too: the deadline and stop flag still apply.
+        self.retake(released)
+    }
+
+    /// Gives this guest's CPU slot to another owner's waiting call when its owner holds more
+    /// than its share (`engine::cpu`), then waits for a slot again.
+    pub fn share_slot(&mut self) -> wasmtime::Result<()> {
+        match cpu::yield_over_share() {
+            Some(released) => self.retake(released),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes a CPU slot back. Waiting for one is waiting too: the deadline and stop flag still
+    /// apply.
+    fn retake(&mut self, mut released: cpu::Released) -> wasmtime::Result<()> {
         while !released.reacquire(SLICE) {
             self.check(Instant::now())?;
         }

@@ -395,6 +395,7 @@ impl WasmboxServer {
             echo,
             cancel: call_cancel(),
             progress: crate::mcp::progress::call_progress(),
+            owner: Some(self.owner.clone()),
         })?;
         if let Some(t) = long {
             req.timeout = Duration::from_secs_f64(t);
@@ -479,6 +480,7 @@ impl WasmboxServer {
                 echo: o.echo.unwrap_or(false),
                 cancel: call_cancel(),
                 progress: crate::mcp::progress::call_progress(),
+                owner: Some(self.owner.clone()),
             })
             .map_err(fail)?;
         let r = self
