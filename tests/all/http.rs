@@ -592,6 +592,8 @@ async fn a_client_hanging_up_on_a_call_stops_it() {
         ("WASMBOX_CONCURRENCY", "1"),
         ("WASMBOX_FOREGROUND_SLOTS", "1"),
         ("WASMBOX_QUEUE_WAIT_S", "50"),
+        // The hung call and the next one are the same token's: past the default (slots - 1).
+        ("WASMBOX_TOKEN_CONCURRENCY", "2"),
     ])
     .await;
     let raw = Raw::new(&server);
