@@ -243,7 +243,12 @@ impl CpuSlots {
     }
 
     /// Takes a slot for `owner`, waiting at most `wait`.
-    pub fn acquire(self: &Arc<Self>, owner: &Owner, class: Class, wait: Duration) -> Option<Permit> {
+    pub fn acquire(
+        self: &Arc<Self>,
+        owner: &Owner,
+        class: Class,
+        wait: Duration,
+    ) -> Option<Permit> {
         self.acquire_since(owner, class, Instant::now(), wait)
     }
 
@@ -407,7 +412,9 @@ mod tests {
                 .acquire(&me, Class::Background, Duration::from_millis(20))
                 .is_none()
         );
-        let fg = slots.acquire(&me, Class::Foreground, Duration::ZERO).unwrap();
+        let fg = slots
+            .acquire(&me, Class::Foreground, Duration::ZERO)
+            .unwrap();
         assert!(
             slots
                 .acquire(&me, Class::Foreground, Duration::from_millis(20))
@@ -422,11 +429,15 @@ mod tests {
     fn a_released_slot_serves_another_guest_and_comes_back() {
         let slots = CpuSlots::new(1, 0);
         let me = owner("local");
-        let p = slots.acquire(&me, Class::Foreground, Duration::ZERO).unwrap();
+        let p = slots
+            .acquire(&me, Class::Foreground, Duration::ZERO)
+            .unwrap();
         CpuSlots::run_holding(p, || {
             let mut r = release();
             assert_eq!(slots.busy().0, 0, "a waiting guest holds no slot");
-            let other = slots.acquire(&me, Class::Foreground, Duration::ZERO).unwrap();
+            let other = slots
+                .acquire(&me, Class::Foreground, Duration::ZERO)
+                .unwrap();
             assert!(!r.reacquire(Duration::from_millis(10)));
             drop(other);
             assert!(r.reacquire(Duration::from_millis(10)));
@@ -442,7 +453,11 @@ mod tests {
         let slots = CpuSlots::new(3, 1);
         let (a, b) = (owner("a"), owner("b"));
         let mut held: Vec<_> = (0..3)
-            .map(|_| slots.acquire(&a, Class::Foreground, Duration::ZERO).unwrap())
+            .map(|_| {
+                slots
+                    .acquire(&a, Class::Foreground, Duration::ZERO)
+                    .unwrap()
+            })
             .collect();
         let (s2, a2) = (slots.clone(), a.clone());
         let alice = std::thread::spawn(move || {
@@ -477,8 +492,12 @@ mod tests {
     fn a_guest_over_its_share_yields_to_another_owner() {
         let slots = CpuSlots::new(2, 1);
         let (a, b) = (owner("a"), owner("b"));
-        let first = slots.acquire(&a, Class::Foreground, Duration::ZERO).unwrap();
-        let second = slots.acquire(&a, Class::Foreground, Duration::ZERO).unwrap();
+        let first = slots
+            .acquire(&a, Class::Foreground, Duration::ZERO)
+            .unwrap();
+        let second = slots
+            .acquire(&a, Class::Foreground, Duration::ZERO)
+            .unwrap();
         CpuSlots::run_holding(second, || {
             assert!(yield_over_share().is_none(), "nobody waits: no yield");
             let (s2, b2) = (slots.clone(), b.clone());
@@ -505,8 +524,12 @@ mod tests {
     fn background_slots_are_shared_between_owners() {
         let slots = CpuSlots::new(3, 1);
         let (a, b) = (owner("a"), owner("b"));
-        let keep = slots.acquire(&a, Class::Background, Duration::ZERO).unwrap();
-        let over = slots.acquire(&a, Class::Background, Duration::ZERO).unwrap();
+        let keep = slots
+            .acquire(&a, Class::Background, Duration::ZERO)
+            .unwrap();
+        let over = slots
+            .acquire(&a, Class::Background, Duration::ZERO)
+            .unwrap();
         CpuSlots::run_holding(over, || {
             let (s2, b2) = (slots.clone(), b.clone());
             let bob = std::thread::spawn(move || {
@@ -532,8 +555,12 @@ mod tests {
     fn freed_slots_go_round_robin_by_owner() {
         let slots = CpuSlots::new(2, 0);
         let (a, b) = (owner("a"), owner("b"));
-        let hold_a = slots.acquire(&a, Class::Foreground, Duration::ZERO).unwrap();
-        let hold_b = slots.acquire(&b, Class::Foreground, Duration::ZERO).unwrap();
+        let hold_a = slots
+            .acquire(&a, Class::Foreground, Duration::ZERO)
+            .unwrap();
+        let hold_b = slots
+            .acquire(&b, Class::Foreground, Duration::ZERO)
+            .unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let mut threads = Vec::new();
         // A asks three times first, then B once.
