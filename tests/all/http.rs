@@ -656,3 +656,92 @@ async fn a_call_whose_stream_is_resumed_in_time_goes_on() {
     assert!(text.contains(r#"done\n"#), "{text}");
     assert!(!server.log.lock().unwrap().contains("hung up"));
 }
+
+/// Polls `c`'s view of the server until `key` of its CPU slots reaches `n` (a liveness bound of
+/// 60 s: the runtimes may still be loading).
+async fn slots_reach(c: &common::Client, key: &str, n: u64) {
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = ok(c, "get_system_metrics", json!({})).await;
+        if m["cpu_slots"][key].as_u64() >= Some(n) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{key} never reached {n}: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A one-shot of `c`'s answers, and well before spinners of 20 s end.
+async fn answers_alive(c: &common::Client) {
+    let r = tokio::time::timeout(Duration::from_secs(8), common::py(c, "print('alive')"))
+        .await
+        .expect("the other token's one-shot waited 8 s");
+    assert_eq!(r["stdout"], "alive\n", "{r}");
+}
+
+const SPIN: &str = "while True: pass";
+
+/// Issue #31 class 5. With the token call limit raised out of the way, one token's spinning
+/// one-shots (2 x the slots) cannot lock another token out: its guests give back the slots
+/// over its share (`slots - 1`) while the other waits. Before, B waited behind A's spinners
+/// and was refused as busy after 10 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_tokens_spinning_calls_leave_other_tokens_a_slot() {
+    let server = two_token_server(&[
+        ("WASMBOX_CONCURRENCY", "2"),
+        ("WASMBOX_TOKEN_CONCURRENCY", "8"),
+    ])
+    .await;
+    let alice = server.client(A).await.unwrap();
+    let bob = server.client(B).await.unwrap();
+    answers_alive(&bob).await;
+    let spinners: Vec<_> = (0..4)
+        .map(|_| common::spawn_call(&alice, "execute_code", json!({"code": SPIN, "timeout": 20})))
+        .collect();
+    slots_reach(&bob, "busy", 2).await;
+    for _ in 0..2 {
+        answers_alive(&bob).await;
+    }
+    for s in spinners {
+        s.abort();
+    }
+}
+
+/// The default token call limit is the slots less one: a token's calls past it are refused at
+/// once, and another token finds a slot. Before, the default was 8, over the 4 slots of a
+/// 2-core machine: B was refused as busy after 10 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_token_call_limit_leaves_a_slot() {
+    let server = two_token_server(&[("WASMBOX_CONCURRENCY", "2")]).await;
+    let alice = server.client(A).await.unwrap();
+    let bob = server.client(B).await.unwrap();
+    answers_alive(&bob).await;
+    let spinners: Vec<_> = (0..4)
+        .map(|_| common::spawn_call(&alice, "execute_code", json!({"code": SPIN, "timeout": 20})))
+        .collect();
+    slots_reach(&bob, "busy", 1).await;
+    answers_alive(&bob).await;
+    let mut refused = 0;
+    for mut s in spinners {
+        // Refusals came back long ago; the running one spins for 20 s.
+        if let Ok(r) = tokio::time::timeout(Duration::from_secs(3), &mut s).await {
+            let r = r.unwrap().unwrap();
+            assert!(is_error(&r), "{:?}", r.content);
+            let e = object(&r);
+            assert!(
+                e["exception"]
+                    .as_str()
+                    .unwrap()
+                    .contains("WASMBOX_TOKEN_CONCURRENCY"),
+                "{e}"
+            );
+            refused += 1;
+        } else {
+            s.abort();
+        }
+    }
+    assert_eq!(refused, 3, "one of A's four calls runs (2 slots, less one)");
+}
