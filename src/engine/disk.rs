@@ -7,18 +7,25 @@
 //! until a walk of the directories (made only when a reservation would not fit) corrects it.
 //! Sizes are apparent sizes: a sparse file claims all it says.
 //!
+//! Bytes belong to files, not names: a file's bytes count once however many hard links it has,
+//! entries count once per name. So a new link adds an entry and no bytes, and removing a name
+//! frees bytes only when it was the file's last (a rename onto the same file frees nothing).
+//! What a change did is read from the file's identity before and after it, under
+//! [`DiskBudget::change`], which keeps the budget's other writers from changing the same files
+//! in between.
+//!
 //! A file deleted while a guest holds it open is invisible to a walk but still on disk; the
 //! budget keeps the open files' identities, and such "orphans" stay counted until closed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cap_std::ambient_authority;
-use cap_std::fs::Dir;
+use cap_std::fs::{Dir, MetadataExt};
 
 /// The most a budget's directories may hold.
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +55,8 @@ pub struct DiskBudget {
     roots: Vec<PathBuf>,
     quota: Quota,
     state: Mutex<Count>,
+    /// Held by a writer from its look at the files before a change to its look after.
+    changing: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -92,7 +101,21 @@ impl DiskBudget {
                 stale,
                 ..Count::default()
             }),
+            changing: Mutex::new(()),
         })
+    }
+
+    /// Held while a writer looks at what a change will replace, makes it and counts it: the
+    /// budget's other writers (guests of the same sandbox, the file tools) wait, so what it saw
+    /// before is still so when it changes it.
+    pub fn change(&self) -> MutexGuard<'_, ()> {
+        self.changing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes and entries as counted now (reservations included), without a walk.
+    pub fn counted(&self) -> (u64, u64) {
+        let c = self.state.lock().unwrap();
+        (c.bytes, c.entries)
     }
 
     pub fn quota(&self) -> Quota {
@@ -138,8 +161,9 @@ impl DiskBudget {
     /// Bytes and entries held now, measured (one directory at a time).
     pub fn usage(&self) -> io::Result<(u64, u64)> {
         let mut total = (0, 0);
+        let mut linked = HashSet::new();
         for root in &self.roots {
-            let (b, e) = walk(root, u64::MAX)?;
+            let (b, e) = walk(root, u64::MAX, &mut linked)?;
             total.0 += b;
             total.1 += e;
         }
@@ -176,8 +200,9 @@ impl DiskBudget {
         let stop_above = self.quota.max_entries.saturating_add(1);
         let mut bytes = 0u64;
         let mut entries = 0u64;
+        let mut linked = HashSet::new();
         for root in &self.roots {
-            match walk(root, stop_above.saturating_sub(entries)) {
+            match walk(root, stop_above.saturating_sub(entries), &mut linked) {
                 Ok((b, e)) => {
                     bytes = bytes.saturating_add(b);
                     entries += e;
@@ -217,13 +242,15 @@ impl DiskBudget {
         }
     }
 
-    /// A name of `id` (`size` bytes) is gone. A walk counts every name of a file, so the count
-    /// drops by the size; but when it was the last name and a guest holds the file open, its
-    /// bytes stay on disk, out of a walk's sight, until it is closed.
+    /// A name of `id` (`size` bytes) is gone. Its bytes go with its last name, unless a guest
+    /// holds the file open: then they stay on disk, out of a walk's sight, until it is closed.
     pub fn unlinked(&self, id: FileId, size: u64, last_name: bool) {
         let mut c = self.state.lock().unwrap();
         c.entries = c.entries.saturating_sub(1);
-        if last_name && c.open.contains_key(&id) {
+        if !last_name {
+            return;
+        }
+        if c.open.contains_key(&id) {
             c.orphans.insert(id, size);
         } else {
             c.bytes = c.bytes.saturating_sub(size);
@@ -280,10 +307,12 @@ impl Drop for Reservation<'_> {
     }
 }
 
-/// Apparent bytes of regular files and number of entries (symlinks are entries, not followed)
-/// under `root`, reading one directory at a time (no path grows past `PATH_MAX`, at most
-/// [`OPEN_DIRS`] descriptors held). Stops once more than `stop_above` entries are seen.
-fn walk(root: &Path, stop_above: u64) -> io::Result<(u64, u64)> {
+/// Apparent bytes of regular files (once per file, however many names it has) and number of
+/// entries (symlinks are entries, not followed) under `root`, reading one directory at a time
+/// (no path grows past `PATH_MAX`, at most [`OPEN_DIRS`] descriptors held). Stops once more
+/// than `stop_above` entries are seen. `linked` holds the files with several names seen so far
+/// (by this walk or one of another root), whose bytes are not counted again.
+fn walk(root: &Path, stop_above: u64, linked: &mut HashSet<FileId>) -> io::Result<(u64, u64)> {
     struct Frame {
         /// An open ancestor (or the directory itself) and the path from it.
         anchor: Rc<Dir>,
@@ -309,7 +338,10 @@ fn walk(root: &Path, stop_above: u64) -> io::Result<(u64, u64)> {
             if ft.is_dir() {
                 subdirs.push(e.file_name());
             } else if ft.is_file() {
-                bytes = bytes.saturating_add(e.metadata()?.len());
+                let m = e.metadata()?;
+                if m.nlink() <= 1 || linked.insert((m.dev(), m.ino())) {
+                    bytes = bytes.saturating_add(m.len());
+                }
             }
         }
         for name in subdirs {

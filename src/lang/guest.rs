@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmtime::{Engine, Linker, Store, Trap, UpdateDeadline};
@@ -362,6 +363,11 @@ impl Guest {
     }
 
     /// The guest's monotonic clock now, in nanoseconds (saved with a session's state).
+    /// What this guest's disk calls are counted against, once armed.
+    pub fn disk_budget(&self) -> Option<Arc<DiskBudget>> {
+        self.store.data().watch.disk().cloned()
+    }
+
     pub fn clock_ns(&self) -> u64 {
         self.store.data().watch.clock_ns()
     }

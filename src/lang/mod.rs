@@ -1,5 +1,7 @@
 //! Languages: the request and result types every adapter shares, and one adapter per language.
 
+#[doc(hidden)]
+pub mod disk_probe;
 mod error;
 pub mod go;
 pub mod guest;

@@ -61,6 +61,11 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// What the guest's disk calls are counted against.
+    pub fn disk(&self) -> Option<&Arc<DiskBudget>> {
+        self.disk.as_ref()
+    }
+
     pub fn new(timeout: Duration, origin: Instant) -> Self {
         let now = Instant::now();
         Self {
@@ -268,6 +273,8 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                 if let Some(errno) = write_stdio(&mut c, fd, iovs, n, nwritten)? {
                     return Ok(errno);
                 }
+                let disk = c.data().watch.disk.clone();
+                let _change = disk.as_deref().map(DiskBudget::change);
                 let f = original::fd_write(&mut c, &o)?;
                 let args = (fd, iovs, n, nwritten);
                 let Some(FileWrite {
@@ -300,6 +307,8 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                   n: i32,
                   offset: i64,
                   nwritten: i32| {
+                let disk = c.data().watch.disk.clone();
+                let _change = disk.as_deref().map(DiskBudget::change);
                 let f = original::fd_pwrite(&mut c, &o)?;
                 let args = (fd, iovs, n, offset, nwritten);
                 let Some(FileWrite {
@@ -330,6 +339,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                 let Some((disk, mem)) = counted(&mut c, fd) else {
                     return f.call(&mut c, (fd, size));
                 };
+                let _change = disk.change();
                 let Some(before) = fd_stat(&mut c, mem, &o, fd)? else {
                     return f.call(&mut c, (fd, size));
                 };
@@ -363,6 +373,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                 let Some((disk, mem)) = budgeted(&mut c) else {
                     return f.call(&mut c, args);
                 };
+                let _change = disk.change();
                 let (creat, trunc) = (oflags & OFLAGS_CREAT != 0, oflags & OFLAGS_TRUNC != 0);
                 let follow = dirflags & LOOKUP_SYMLINK_FOLLOW != 0;
                 let before = if creat || trunc {
@@ -390,7 +401,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                     && st.filetype == FILETYPE_REGULAR
                 {
                     disk.opened(st.id);
-                    c.data_mut().files.fds.insert(fd, (st.id, disk));
+                    c.data_mut().files.fds.insert(fd, (st.id, disk.clone()));
                 }
                 Ok(errno)
             },
@@ -455,10 +466,12 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
             MODULE,
             "path_remove_directory",
             move |mut c: Caller<'_, GuestState>, dirfd: i32, path: i32, path_len: i32| {
+                let disk = c.data().watch.disk.clone();
+                let _change = disk.as_deref().map(DiskBudget::change);
                 let errno = original::path_remove_directory(&mut c, &o)?
                     .call(&mut c, (dirfd, path, path_len))?;
                 if errno == ERRNO_SUCCESS
-                    && let Some(disk) = c.data().watch.disk.clone()
+                    && let Some(disk) = &disk
                 {
                     disk.changed(0, -1);
                 }
@@ -481,8 +494,22 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                   new_len: i32| {
                 let f = original::path_rename(&mut c, &o)?;
                 let args = (fd, old, old_len, new_fd, new, new_len);
-                // A rename over an existing name removes what it named.
-                removing(&mut c, &o, (new_fd, new, new_len), |c| f.call(c, args))
+                let Some((disk, mem)) = budgeted(&mut c) else {
+                    return f.call(&mut c, args);
+                };
+                let _change = disk.change();
+                let from = path_stat(&mut c, mem, &o, fd, false, old, old_len)?;
+                let to = path_stat(&mut c, mem, &o, new_fd, false, new, new_len)?;
+                let errno = f.call(&mut c, args)?;
+                // A rename over another file removes the name it had; one onto the file itself
+                // (the same name, or another of its names) changes nothing.
+                if errno == ERRNO_SUCCESS
+                    && let (Some(from), Some(to)) = (from, to)
+                    && from.id != to.id
+                {
+                    gone(&disk, to);
+                }
+                Ok(errno)
             },
         )
         .map_err(e)?;
@@ -494,7 +521,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
             "path_create_directory",
             move |mut c: Caller<'_, GuestState>, dirfd: i32, path: i32, path_len: i32| {
                 let f = original::path_create_directory(&mut c, &o)?;
-                new_entry(&mut c, 0, |c| f.call(c, (dirfd, path, path_len)))
+                new_entry(&mut c, |c| f.call(c, (dirfd, path, path_len)))
             },
         )
         .map_err(e)?;
@@ -511,9 +538,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                   new: i32,
                   new_len: i32| {
                 let f = original::path_symlink(&mut c, &o)?;
-                new_entry(&mut c, 0, |c| {
-                    f.call(c, (old, old_len, dirfd, new, new_len))
-                })
+                new_entry(&mut c, |c| f.call(c, (old, old_len, dirfd, new, new_len)))
             },
         )
         .map_err(e)?;
@@ -533,15 +558,8 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                   new_len: i32| {
                 let f = original::path_link(&mut c, &o)?;
                 let args = (old_fd, old_flags, old, old_len, new_fd, new, new_len);
-                let Some((_, mem)) = budgeted(&mut c) else {
-                    return f.call(&mut c, args);
-                };
-                // A walk counts every name of a file: a new name is its size again.
-                let follow = old_flags & LOOKUP_SYMLINK_FOLLOW != 0;
-                let size = path_stat(&mut c, mem, &o, old_fd, follow, old, old_len)?
-                    .filter(|s| s.filetype == FILETYPE_REGULAR)
-                    .map_or(0, |s| s.size);
-                new_entry(&mut c, size, |c| f.call(c, args))
+                // A new name of a file: an entry, and no bytes (a file's count once).
+                new_entry(&mut c, |c| f.call(c, args))
             },
         )
         .map_err(e)?;
@@ -617,6 +635,15 @@ originals! {
     path_create_directory(i32, i32, i32);
     path_symlink(i32, i32, i32, i32, i32);
     path_link(i32, i32, i32, i32, i32, i32, i32);
+}
+
+/// A module with a memory of its own (4 pages) that exports each call [`Originals`] lists,
+/// forwarding to the import: a guest that makes exactly the calls a test asks for.
+#[doc(hidden)]
+pub fn calls_wat() -> String {
+    forwarders_wat()
+        .replacen("(import \"env\" \"memory\" (memory 0))", "", 1)
+        .replacen("(export \"memory\"", "(memory 4)\n(export \"memory\"", 1)
 }
 
 /// The forwarding module's text.
@@ -742,8 +769,8 @@ struct FileWrite {
     total: u64,
 }
 
-/// Runs a call that removes the name `(dirfd, path, path_len)` if it exists (an unlink, or a
-/// rename over it), and counts what went.
+/// Runs a call that removes the name `(dirfd, path, path_len)` if it exists (an unlink), and
+/// counts what went.
 fn removing(
     c: &mut Caller<'_, GuestState>,
     lk: &Hooks,
@@ -753,6 +780,7 @@ fn removing(
     let Some((disk, mem)) = budgeted(c) else {
         return call(c);
     };
+    let _change = disk.change();
     let before = path_stat(c, mem, lk, dirfd, false, path, path_len)?;
     let errno = call(c)?;
     if errno == ERRNO_SUCCESS
@@ -843,21 +871,21 @@ fn resize(
     Ok(errno)
 }
 
-/// Runs a call that makes one entry (and, for a hard link, `bytes` more), within the budget.
+/// Runs a call that makes one entry, within the budget.
 fn new_entry(
     c: &mut Caller<'_, GuestState>,
-    bytes: u64,
     call: impl FnOnce(&mut Caller<'_, GuestState>) -> wasmtime::Result<i32>,
 ) -> wasmtime::Result<i32> {
     let Some(disk) = c.data().watch.disk.clone() else {
         return call(c);
     };
+    let _change = disk.change();
     let r = disk
-        .reserve(bytes, 1)
+        .reserve(0, 1)
         .map_err(|over| c.data_mut().watch.disk_full(over))?;
     let errno = call(c)?;
     if errno == ERRNO_SUCCESS {
-        r.settle(bytes as i64, 1);
+        r.settle(0, 1);
     } else {
         r.settle(0, 0);
     }

@@ -47,8 +47,9 @@ fn entry_cost(m: &cap_std::fs::Metadata) -> u64 {
     cost(m.len(), m.blocks())
 }
 
-/// What the directory `root` and everything under it costs (0 when it does not exist). Follows
-/// no link (a link is an entry of its own), checks that each directory opened is the one that
+/// What the directory `root` and everything under it costs (0 when it does not exist), a file
+/// with several names counted as copies make it (its blocks once). Follows no link (a link is
+/// an entry of its own), checks that each directory opened is the one that
 /// was listed, and needs no recursion.
 pub fn measure(root: &Path) -> io::Result<u64> {
     let top = match Dir::open_ambient_dir(root, ambient_authority()) {
@@ -57,6 +58,7 @@ pub fn measure(root: &Path) -> io::Result<u64> {
         Err(e) => return Err(e),
     };
     let mut total = entry_cost(&top.dir_metadata()?);
+    let mut linked = std::collections::HashSet::new();
     struct Frame {
         /// An open ancestor (or the directory itself) and the path from it.
         anchor: Rc<Dir>,
@@ -74,7 +76,10 @@ pub fn measure(root: &Path) -> io::Result<u64> {
             let e = e?;
             // Not followed: the entry's own metadata.
             let m = e.metadata()?;
-            total = total.saturating_add(entry_cost(&m));
+            // A file's other names are copied as links: an entry each, its blocks once.
+            let again = m.is_file() && m.nlink() > 1 && !linked.insert((m.dev(), m.ino()));
+            let c = if again { PER_ENTRY } else { entry_cost(&m) };
+            total = total.saturating_add(c);
             if m.is_dir() {
                 subdirs.push((e.file_name(), (m.dev(), m.ino())));
             }

@@ -4,16 +4,18 @@
 //! `O_NOFOLLOW`, checked by `fstat` once open, and created relative to the destination's
 //! descriptor with `O_EXCL`. A link is copied as a link (cap-std keeps it inside the sandbox
 //! when a guest uses it), a special file is left out, and the walk stops at the quota and at
-//! [`MAX_DEPTH`].
+//! [`MAX_DEPTH`]. A file with several names is copied once and linked again under its other
+//! names, as the disk budget counts it: its bytes once, each name an entry.
 
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, File, FileType, OpenOptions};
+use cap_std::fs::{Dir, File, FileType, MetadataExt, OpenOptions};
 
-use crate::engine::disk::Quota;
+use crate::engine::disk::{FileId, Quota};
 
 /// Deepest nesting copied. The walk holds two descriptors per level (the source and the
 /// destination directory), so this bounds what one copy holds open; deeper fails like the quota.
@@ -51,6 +53,10 @@ fn copy_tree_with(
     let mut done = Copied::default();
     let src = Dir::open_ambient_dir(from, ambient_authority())?;
     let dst = Dir::open_ambient_dir(to, ambient_authority())?;
+    let mut linked = Linked {
+        root: dst.try_clone()?,
+        first: HashMap::new(),
+    };
     let mut stack = vec![list(src, dst, PathBuf::new(), &quota, &done)?];
     while let Some(level) = stack.last_mut() {
         let Some((name, listed)) = level.pending.pop() else {
@@ -59,7 +65,8 @@ fn copy_tree_with(
         };
         let rel = level.rel.join(&name);
         between(&rel);
-        let Some((src, dst)) = copy_entry(level, &name, listed, &quota, &mut done)? else {
+        let Some((src, dst)) = copy_entry(level, &name, listed, &quota, &mut done, &mut linked)?
+        else {
             continue;
         };
         if stack.len() > MAX_DEPTH {
@@ -94,6 +101,13 @@ fn list(src: Dir, dst: Dir, rel: PathBuf, quota: &Quota, done: &Copied) -> io::R
     })
 }
 
+/// The files with several names copied so far: where each was first written, relative to the
+/// destination's root, to link its other names to.
+struct Linked {
+    root: Dir,
+    first: HashMap<FileId, PathBuf>,
+}
+
 /// Copies one entry of `level`; a directory comes back opened on both sides, to be walked.
 /// An entry that is gone or changed into something the listing did not say is copied as what
 /// it is now if that is a link, and otherwise left out: a job was changing it.
@@ -103,6 +117,7 @@ fn copy_entry(
     listed: FileType,
     quota: &Quota,
     done: &mut Copied,
+    linked: &mut Linked,
 ) -> io::Result<Option<(Dir, Dir)>> {
     if listed.is_symlink() {
         copy_link(level, name, quota, done)?;
@@ -136,6 +151,16 @@ fn copy_entry(
         return Ok(None);
     }
     count_entry(quota, done)?;
+    let id = (meta.dev(), meta.ino());
+    if meta.nlink() > 1 {
+        if let Some(first) = linked.first.get(&id) {
+            return linked
+                .root
+                .hard_link(first, &level.dst, name)
+                .map(|()| None);
+        }
+        linked.first.insert(id, level.rel.join(name));
+    }
     let mut o = OpenOptions::new();
     o.write(true).create_new(true);
     let out = level.dst.open_with(name, &o)?;
@@ -255,6 +280,28 @@ mod tests {
         );
         assert_eq!(got.bytes, 5);
         assert_eq!(got.entries, 4);
+    }
+
+    #[test]
+    fn a_file_with_several_names_is_copied_once() {
+        use std::os::unix::fs::MetadataExt as _;
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        std::fs::create_dir(a.path().join("d")).unwrap();
+        std::fs::write(a.path().join("f"), vec![7u8; 1000]).unwrap();
+        for name in ["g", "d/h"] {
+            std::fs::hard_link(a.path().join("f"), a.path().join(name)).unwrap();
+        }
+        // Three names of 1000 bytes each would pass a quota of 2000.
+        let got = copy_tree(a.path(), b.path(), quota(2000, 100)).unwrap();
+        assert_eq!((got.bytes, got.entries), (1000, 4));
+        let ino = |p: &str| std::fs::metadata(b.path().join(p)).unwrap().ino();
+        assert_eq!(ino("f"), ino("g"));
+        assert_eq!(ino("f"), ino("d/h"));
+        assert_eq!(
+            std::fs::read(b.path().join("d/h")).unwrap(),
+            vec![7u8; 1000]
+        );
     }
 
     #[test]

@@ -327,6 +327,8 @@ impl Workspace {
         if p.rel == Path::new(".") {
             return Err(FsError::IsADirectory(p.guest));
         }
+        // The file's size before is what the write replaces: no guest changes it meanwhile.
+        let _change = self.budget.change();
         let old = match self.dir.symlink_metadata(&p.rel) {
             Ok(m) if m.is_dir() => return Err(FsError::IsADirectory(p.guest)),
             Ok(m) => Some(m.len()),

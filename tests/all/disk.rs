@@ -562,3 +562,179 @@ async fn quota_is_still_usable_after_deleting() {
     assert_eq!(total, 30 * MIB, "/tmp/ten, ten.txt and more");
     c.cancel().await.unwrap();
 }
+
+/// A guest in `language` appending 16 MiB at a time to `/workspace/a` and renaming it onto
+/// itself after each append, 20 times, under a 50 MiB quota: the rename changes nothing, so it
+/// must free nothing (issue #31: it freed the file's size, and 320 MiB stayed on the host).
+async fn rename_onto_itself_is_stopped(language: &str, code: &str) {
+    let data = tempfile::tempdir().unwrap();
+    let c = server_in(data.path(), &[("WASMBOX_SANDBOX_DISK_MB", QUOTA_MB)]).await;
+    let id = create_sandbox(&c, json!({})).await;
+    let dirs = sandbox_dirs(data.path(), &id);
+    let r = run(&c, &id, language, code).await;
+    let (total, _) = apparent(&dirs);
+    let what = format!(
+        "{language}: 20 x (16 MiB appended, rename onto itself), {} on the host",
+        mib(total)
+    );
+    assert_disk_limit(&r, &what);
+    assert!(total <= QUOTA_SLACK, "{what}");
+    ok(&c, "file_remove", json!({"sandbox_id": id, "path": "a"})).await;
+    still_serves(&c, &id, "").await;
+    c.cancel().await.unwrap();
+}
+
+const PY_RENAME_ONTO_ITSELF: &str = "import os\n\
+    chunk = b'x' * (16 << 20)\n\
+    for i in range(20):\n\
+    \x20   with open('/workspace/a', 'ab') as f:\n\
+    \x20       f.write(chunk)\n\
+    \x20   os.rename('/workspace/a', '/workspace/a')\n\
+    print('held', os.path.getsize('/workspace/a'))";
+
+#[tokio::test]
+async fn a_rename_onto_itself_frees_nothing_python() {
+    rename_onto_itself_is_stopped("python", PY_RENAME_ONTO_ITSELF).await;
+}
+
+#[tokio::test]
+async fn a_rename_onto_itself_frees_nothing_javascript() {
+    rename_onto_itself_is_stopped(
+        "javascript",
+        "const fs = require('fs');\n\
+         const chunk = new Uint8Array(16 << 20).fill(120);\n\
+         for (let i = 0; i < 20; i++) {\n\
+         \x20 fs.appendFileSync('/workspace/a', chunk);\n\
+         \x20 fs.renameSync('/workspace/a', '/workspace/a');\n\
+         }\n\
+         console.log('held', fs.statSync('/workspace/a').size);",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_rename_onto_itself_frees_nothing_go() {
+    rename_onto_itself_is_stopped(
+        "go",
+        r#"package main
+
+import (
+	"fmt"
+	"os"
+)
+
+func main() {
+	chunk := make([]byte, 16<<20)
+	for i := 0; i < 20; i++ {
+		f, err := os.OpenFile("/workspace/a", os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			panic(err)
+		}
+		if _, err := f.Write(chunk); err != nil {
+			fmt.Println("write error:", err)
+			os.Exit(3)
+		}
+		f.Close()
+		if err := os.Rename("/workspace/a", "/workspace/a"); err != nil {
+			panic(err)
+		}
+	}
+	st, _ := os.Stat("/workspace/a")
+	fmt.Println("held", st.Size())
+}
+"#,
+    )
+    .await;
+}
+
+/// Growth after a hard link is one file's growth, and removing one of two names frees nothing:
+/// a guest that links, grows and unlinks in turn is held to the quota (before, each unlink
+/// freed the file's size while its other name kept it).
+#[tokio::test]
+async fn hard_links_free_bytes_only_with_the_last_name() {
+    let data = tempfile::tempdir().unwrap();
+    let c = server_in(data.path(), &[("WASMBOX_SANDBOX_DISK_MB", QUOTA_MB)]).await;
+    let id = create_sandbox(&c, json!({})).await;
+    let dirs = sandbox_dirs(data.path(), &id);
+    let r = run(
+        &c,
+        &id,
+        "python",
+        "import os\n\
+         chunk = b'x' * (16 << 20)\n\
+         open('/workspace/a', 'wb').close()\n\
+         for i in range(20):\n\
+         \x20   os.link('/workspace/a', '/workspace/b')\n\
+         \x20   with open('/workspace/a', 'ab') as f:\n\
+         \x20       f.write(chunk)\n\
+         \x20   os.unlink('/workspace/b')\n\
+         print('held', os.path.getsize('/workspace/a'))",
+    )
+    .await;
+    let (total, _) = apparent(&dirs);
+    let what = format!("link, grow, unlink x 20: {} on the host", mib(total));
+    assert_disk_limit(&r, &what);
+    assert!(total <= QUOTA_SLACK, "{what}");
+    // One file with two names is counted once: 40 MiB under two names fits 50 MiB.
+    let r = run(
+        &c,
+        &id,
+        "python",
+        "import os\n\
+         os.remove('/workspace/a')\n\
+         with open('/workspace/a', 'wb') as f:\n\
+         \x20   f.write(b'x' * (40 << 20))\n\
+         os.link('/workspace/a', '/tmp/a')\n\
+         with open('/workspace/c', 'wb') as f:\n\
+         \x20   f.write(b'x' * (5 << 20))\n\
+         print('ok')",
+    )
+    .await;
+    assert_eq!(
+        r["stdout"], "ok\n",
+        "40 MiB with two names and 5 MiB fit 50 MiB: {r}"
+    );
+    c.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_rename_onto_itself_frees_nothing_in_a_oneshot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = server_with_env(&[
+        ("WASMBOX_ONESHOT_DISK_MB", "50"),
+        ("TMPDIR", tmp.path().to_str().unwrap()),
+    ])
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let most = Arc::new(AtomicU64::new(0));
+    let watcher = {
+        let (stop, most, root) = (stop.clone(), most.clone(), tmp.path().to_path_buf());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let held: u64 = walk(&root)
+                    .iter()
+                    .filter(|p| in_scratch(p))
+                    .filter_map(|p| std::fs::symlink_metadata(p).ok())
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len())
+                    .sum();
+                most.fetch_max(held, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let code = PY_RENAME_ONTO_ITSELF.replace("/workspace/", "/tmp/");
+    let r = tokio::time::timeout(Duration::from_secs(60), py(&c, &code))
+        .await
+        .expect("the one-shot answers within 60 s");
+    stop.store(true, Ordering::Relaxed);
+    watcher.join().unwrap();
+    let most = most.load(Ordering::Relaxed);
+    let what = format!(
+        "a one-shot renaming a growing file onto itself under a 50 MiB cap; its scratch held up to {}",
+        mib(most)
+    );
+    assert_disk_limit(&r, &what);
+    assert!(most <= QUOTA_SLACK, "{what}");
+    c.cancel().await.unwrap();
+}
