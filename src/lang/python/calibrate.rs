@@ -10,6 +10,7 @@ use super::{Error, Result, Shared};
 use crate::engine::prefault::PageSet;
 use crate::engine::threads::on_guest_stack;
 use crate::lang::guest::{Guest, GuestState};
+use crate::lang::session::exported_memory;
 
 impl Shared {
     /// Measures what [`FastReady`] needs on throwaway instances: where the random generators'
@@ -88,12 +89,6 @@ impl Shared {
         }
         Ok(FastReady { pages, rngs })
     }
-}
-
-fn exported_memory(guest: &mut Guest, instance: &Instance) -> Result<wasmtime::Memory> {
-    instance
-        .get_memory(&mut guest.store, "memory")
-        .ok_or_else(|| Error::wasm("calibration: python exports no memory"))
 }
 
 /// Small first turns whose pages every instance gets ahead: a `print`, and the common first

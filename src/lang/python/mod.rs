@@ -184,15 +184,7 @@ impl PythonRuntime {
             None => (cache.load(engine, &paths.module, "python")?, None),
         };
         let image = compiled_image.is_some();
-        let state_key = Arc::new(match compiled_image {
-            Some(path) => StateKeyCell::new(Language::Python, path),
-            None => StateKeyCell::unavailable(
-                Language::Python,
-                "the pre-initialised Python image could not be built, and state is saved only \
-                 from it"
-                    .into(),
-            ),
-        });
+        let state_key = Arc::new(StateKeyCell::for_image(Language::Python, compiled_image));
         let pre = linker(engine)?
             .instantiate_pre(&module)
             .map_err(engine_err)?;
