@@ -16,7 +16,7 @@ use wasmtime::{Engine, Instance, InstancePre, Module, Store};
 use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
 };
-use super::session::{Session, SessionRuntime, StateKeyCell};
+use super::session::{Session, SessionRuntime, StateKeyCell, exported_memory};
 use super::spare::{Spares, rebind_with};
 use super::{ExecRequest, ExecResult, Language, Place};
 use super::{LangError as Error, Result};
@@ -103,9 +103,7 @@ impl Shared {
                 guest.take_stderr()
             )));
         }
-        let memory = instance
-            .get_memory(&mut guest.store, "memory")
-            .ok_or_else(|| Error::wasm("the module exports no memory"))?;
+        let memory = exported_memory(&mut guest, &instance)?;
         PageSet::measure_memory(&guest.store, memory, true)
             .map_err(|e| Error::wasm(format!("reading the page map: {e}")))
     }
@@ -142,15 +140,10 @@ impl JsRuntime {
             }
         };
         let image = compiled_image.is_some();
-        let state_key = Arc::new(match compiled_image {
-            Some(path) => StateKeyCell::new(Language::JavaScript, path),
-            None => StateKeyCell::unavailable(
-                Language::JavaScript,
-                "the pre-initialised JavaScript image could not be built, and state is saved \
-                 only from it"
-                    .into(),
-            ),
-        });
+        let state_key = Arc::new(StateKeyCell::for_image(
+            Language::JavaScript,
+            compiled_image,
+        ));
         let pre = wasi_linker(engine)?
             .instantiate_pre(&module)
             .map_err(engine_err)?;

@@ -77,7 +77,8 @@ impl Session {
     }
 }
 
-fn exported_memory(guest: &mut Guest, instance: &Instance) -> Result<Memory> {
+/// The linear memory every runtime's module exports as `memory`.
+pub(super) fn exported_memory(guest: &mut Guest, instance: &Instance) -> Result<Memory> {
     instance
         .get_memory(&mut guest.store, "memory")
         .ok_or_else(|| Error::wasm("the runtime exports no memory"))
@@ -223,6 +224,22 @@ impl StateKeyCell {
         }
     }
 
+    /// The cell of an image runtime (Python, JavaScript): keyed by its compiled image, or, when
+    /// the image could not be built (`None`), unavailable, since state is saved only from it.
+    pub fn for_image(language: Language, compiled_image: Option<PathBuf>) -> Self {
+        match compiled_image {
+            Some(path) => Self::new(language, path),
+            None => Self::unavailable(
+                language,
+                format!(
+                    "the pre-initialised {} image could not be built, and state is saved only \
+                     from it",
+                    language.name()
+                ),
+            ),
+        }
+    }
+
     pub fn unavailable(language: Language, why: String) -> Self {
         Self {
             language,
@@ -277,5 +294,32 @@ fn sha256_file(path: &std::path::Path) -> std::io::Result<String> {
             return Ok(hex::encode(h.finalize()));
         }
         h.update(&buf[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_runtime_without_its_image_says_why_state_is_not_saved() {
+        for (language, name) in [
+            (Language::Python, "Python"),
+            (Language::JavaScript, "JavaScript"),
+        ] {
+            let why = StateKeyCell::for_image(language, None).get().unwrap_err();
+            assert_eq!(
+                why,
+                format!(
+                    "the pre-initialised {name} image could not be built, and state is saved \
+                     only from it"
+                )
+            );
+        }
+        let missing = std::env::temp_dir().join("wasmbox-no-such-compiled-image");
+        let why = StateKeyCell::for_image(Language::Python, Some(missing))
+            .get()
+            .unwrap_err();
+        assert!(why.contains("could not be read"), "{why}");
     }
 }

@@ -166,9 +166,7 @@ impl Spares {
 fn made_ahead(make: &Make, plan: &Mutex<Plan>) -> Result<Spare> {
     let plan = plan.lock().unwrap().clone();
     let (mut guest, instance) = make()?;
-    let memory = instance
-        .get_memory(&mut guest.store, "memory")
-        .ok_or_else(|| Error::wasm("the runtime exports no memory"))?;
+    let memory = super::session::exported_memory(&mut guest, &instance)?;
     let now = memory.size(&guest.store);
     if plan.memory_pages > now {
         memory
