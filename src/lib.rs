@@ -400,6 +400,12 @@ impl Wasmbox {
         }))
     }
 
+    /// Declares how many owners (HTTP tokens) share this server: with more than one, no owner
+    /// may hold every job place (see [`sandbox::jobs::JobBudget`]).
+    pub fn set_owners(&self, owners: usize) {
+        self.inner.jobs.set_owners(owners);
+    }
+
     /// CPU slots: how many, how many background work may never take, and in use now.
     pub fn cpu_stats(&self) -> serde_json::Value {
         let cpu = &self.inner.cpu;
@@ -419,7 +425,7 @@ impl Wasmbox {
         let cfg = &self.inner.config;
         serde_json::json!({
             "running": self.inner.jobs.running(owner).1,
-            "max_per_token": cfg.max_jobs_per_owner,
+            "max_per_token": self.inner.jobs.per_owner().0,
             "max": cfg.max_jobs,
         })
     }

@@ -10,10 +10,12 @@
 //! - while another owner waits for a slot it could take, an owner holds at most
 //!   `max(1, total - 1)` slots, and at most `max(1, b - 1)` of the `b` background slots while
 //!   another owner waits for one of those;
-//! - a guest whose owner holds more than that gives its slot back at its next epoch check
-//!   ([`yield_over_share`]) and queues for one like any caller;
+//! - a guest whose owner holds more than that, or holds every slot of its class (one slot: the
+//!   owners take turns), gives its slot back at its next epoch check ([`yield_over_share`])
+//!   and queues for one like any caller;
 //! - a freed slot goes to a waiting foreground call before background work, then to the owner
-//!   holding fewest slots, then to the longest waiting: owners take turns.
+//!   holding fewest slots, then to the owner whose last grant is oldest, then to the longest
+//!   waiting: owners take turns, even when one owner has many old waiters.
 //!
 //! Free slots are handed to waiters under the lock ([`CpuSlots::grant`]), so a caller arriving
 //! as a slot frees cannot take it from under an owner whose turn it is.
@@ -57,6 +59,9 @@ struct State {
     held: HashMap<Owner, Held>,
     waiters: Vec<Waiter>,
     next_ticket: u64,
+    /// When (by grant count) each owner holding or waiting for a slot was last granted one.
+    turns: HashMap<Owner, u64>,
+    grants: u64,
 }
 
 /// The slots one owner holds.
@@ -199,9 +204,12 @@ impl CpuSlots {
         let freed_background = usize::from(class == Class::Background);
         let background_room = st.background - freed_background < self.background_cap();
         let other_could_take = |w: &Waiter| w.class == Class::Foreground || background_room;
-        (h.all > self.share() && st.other_waits(owner, other_could_take))
+        let all = h.all > self.share() || h.all >= self.total;
+        let background =
+            h.background > self.background_share() || h.background >= self.background_cap();
+        (all && st.other_waits(owner, other_could_take))
             || (class == Class::Background
-                && h.background > self.background_share()
+                && background
                 && st.other_waits(owner, |w| w.class == Class::Background))
     }
 
@@ -218,6 +226,7 @@ impl CpuSlots {
                     (
                         w.class == Class::Background,
                         st.held(&w.owner).all,
+                        st.turns.get(&w.owner).copied().unwrap_or(0),
                         w.since,
                         w.ticket,
                     )
@@ -227,8 +236,19 @@ impl CpuSlots {
             let (owner, class) = (st.waiters[i].owner.clone(), st.waiters[i].class);
             st.waiters[i].granted = true;
             st.take(&owner, class);
+            st.grants += 1;
+            let turn = st.grants;
+            st.turns.insert(owner, turn);
             any = true;
         }
+        // Owners neither holding nor waiting go: they come back first in turn.
+        let State {
+            held,
+            waiters,
+            turns,
+            ..
+        } = st;
+        turns.retain(|o, _| held.contains_key(o) || waiters.iter().any(|w| w.owner == *o));
         self.contended
             .store(st.waiters.iter().any(|w| !w.granted), Ordering::Relaxed);
         any
@@ -547,6 +567,45 @@ mod tests {
         });
         drop(keep);
         assert_eq!(slots.busy(), (0, 0));
+    }
+
+    /// With one background slot, owners take turns in it: A's job holding it yields while B's
+    /// job waits, and the slot goes to B rather than to A's older waiting job.
+    #[test]
+    fn owners_take_turns_in_a_single_background_slot() {
+        let slots = CpuSlots::new(2, 1);
+        let (a, b) = (owner("a"), owner("b"));
+        let first = slots
+            .acquire(&a, Class::Background, Duration::ZERO)
+            .unwrap();
+        CpuSlots::run_holding(first, || {
+            assert!(
+                yield_over_share().is_none(),
+                "nobody else waits: A keeps it"
+            );
+            let (s2, a2) = (slots.clone(), a.clone());
+            let (tx, rx) = std::sync::mpsc::channel();
+            let alice = std::thread::spawn(move || {
+                let p = s2.acquire(&a2, Class::Background, Duration::from_secs(30));
+                tx.send(()).unwrap();
+                p.is_some()
+            });
+            wait_until(|| slots.state.lock().unwrap().waiters.len() == 1);
+            let (s3, b2) = (slots.clone(), b.clone());
+            let bob = std::thread::spawn(move || {
+                let p = s3.acquire(&b2, Class::Background, Duration::from_secs(30));
+                (p.is_some(), s3.held_by("a"))
+            });
+            wait_until(|| slots.state.lock().unwrap().waiters.len() == 2);
+            let mut r = yield_over_share().expect("A holds the only background slot");
+            assert_eq!(bob.join().unwrap(), (true, 0), "B's job went before A's");
+            // B's permit is dropped: A's older waiter goes, then A's guest again.
+            rx.recv_timeout(Duration::from_secs(30)).unwrap();
+            assert!(alice.join().unwrap());
+            assert!(r.reacquire(Duration::from_secs(30)));
+        });
+        assert_eq!(slots.busy(), (0, 0));
+        assert!(slots.state.lock().unwrap().turns.is_empty());
     }
 
     /// When slots free and several owners wait, the owner holding fewest goes next, whatever

@@ -70,6 +70,8 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
             }
         })
         .collect();
+    let owners: std::collections::HashSet<_> = tokens.iter().map(|t| t.digest).collect();
+    wasmbox.set_owners(owners.len());
     let sessions = Arc::new(LocalSessionManager::default());
     let per_token = wasmbox.config().sessions_per_token;
     let ct = tokio_util::sync::CancellationToken::new();

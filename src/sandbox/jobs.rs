@@ -238,9 +238,15 @@ impl Job {
 
 /// Background work running now (jobs and async executions), in all and per owner, and the
 /// sandbox-less async executions queued for a place in it.
+///
+/// Places are not taken back from running work, so when several owners share the server (HTTP
+/// with several tokens) one owner holds at most `max(1, max - 1)` of them whatever its own
+/// limit says: another owner's job always finds a place (unless `max` is 1).
 pub struct JobBudget {
     max: usize,
     per_owner: usize,
+    /// Whether more than one owner may ask for places.
+    shared: AtomicBool,
     queue: usize,
     queue_bytes: usize,
     state: Mutex<BudgetState>,
@@ -266,11 +272,30 @@ impl JobBudget {
         Arc::new(Self {
             max: max.max(1),
             per_owner: per_owner.max(1),
+            shared: AtomicBool::new(false),
             queue,
             queue_bytes,
             state: Mutex::new(BudgetState::default()),
             freed: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Declares that `owners` distinct owners may ask for places.
+    pub fn set_owners(&self, owners: usize) {
+        self.shared.store(owners > 1, Ordering::Relaxed);
+    }
+
+    /// The most places one owner may hold, and the setting that says so.
+    pub fn per_owner(&self) -> (usize, &'static str) {
+        let share = (self.max - 1).max(1);
+        if self.shared.load(Ordering::Relaxed) && share < self.per_owner {
+            (
+                share,
+                "WASMBOX_MAX_JOBS less one, as several tokens share the server",
+            )
+        } else {
+            (self.per_owner, "WASMBOX_MAX_JOBS_PER_TOKEN")
+        }
     }
 
     /// Running jobs, in all and `owner`'s.
@@ -283,11 +308,11 @@ impl JobBudget {
     pub fn try_take(self: &Arc<Self>, owner: &str) -> crate::Result<JobTicket> {
         let mut st = self.state.lock().unwrap();
         let mine = st.by_owner.get(owner).copied().unwrap_or(0);
-        if mine >= self.per_owner {
+        let (limit, why) = self.per_owner();
+        if mine >= limit {
             return Err(crate::Error::busy(format!(
                 "this client already runs {mine} background jobs and async executions, its limit \
-                 (WASMBOX_MAX_JOBS_PER_TOKEN); wait for one to end or stop one with \
-                 execute_kill_process"
+                 ({why}); wait for one to end or stop one with execute_kill_process"
             )));
         }
         if st.running >= self.max {
@@ -492,6 +517,25 @@ fn fit_json(stdout: &mut String, stderr: &mut String, budget: usize) -> bool {
 #[cfg(test)]
 mod output_tests {
     use super::*;
+
+    /// With several owners, one owner's limit stops below the server's: the last place is
+    /// another owner's. Alone, an owner may have them all.
+    #[test]
+    fn shared_owners_leave_each_other_a_place() {
+        let budget = JobBudget::new(3, 8, 0, 0);
+        let alone: Vec<_> = (0..3).map(|_| budget.try_take("a").unwrap()).collect();
+        drop(alone);
+        budget.set_owners(2);
+        let a: Vec<_> = (0..2).map(|_| budget.try_take("a").unwrap()).collect();
+        let Err(e) = budget.try_take("a") else {
+            panic!("A took the last place")
+        };
+        assert!(e.to_string().contains("WASMBOX_MAX_JOBS less one"), "{e}");
+        let b = budget.try_take("b").unwrap();
+        assert!(budget.try_take("b").is_err(), "the server's limit holds");
+        drop((a, b));
+        assert_eq!(budget.running("a"), (0, 0));
+    }
 
     #[test]
     fn output_is_cut_by_its_json_size() {

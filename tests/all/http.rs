@@ -745,3 +745,71 @@ async fn the_default_token_call_limit_leaves_a_slot() {
     }
     assert_eq!(refused, 3, "one of A's four calls runs (2 slots, less one)");
 }
+
+/// Issue #31 class 5, background work. One token's spinning background jobs, started until
+/// refused (its per-token job limit raised out of the way), leave another token a job place
+/// and a turn in the background slot (one, on a 2-slot server): B's job runs to its end and
+/// B's one-shot answers, well before A's spinners' 60 s end.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_tokens_spinning_jobs_leave_other_tokens_a_slot() {
+    let server = two_token_server(&[
+        ("WASMBOX_CONCURRENCY", "2"),
+        ("WASMBOX_MAX_JOBS", "4"),
+        ("WASMBOX_MAX_JOBS_PER_TOKEN", "8"),
+    ])
+    .await;
+    let alice = server.client(A).await.unwrap();
+    let bob = server.client(B).await.unwrap();
+    answers_alive(&bob).await;
+    let a_box = create_sandbox(&alice, json!({})).await;
+    let b_box = create_sandbox(&bob, json!({})).await;
+    let mut started = 0;
+    let refusal = loop {
+        let r = call(
+            &alice,
+            "execute_code_background",
+            json!({"sandbox_id": a_box, "code": SPIN, "timeout": 60}),
+        )
+        .await;
+        if is_error(&r) {
+            break object(&r);
+        }
+        started += 1;
+        assert!(started <= 4, "A started more jobs than the server's limit");
+    };
+    assert_eq!(started, 3, "A holds every job place but one: {refusal}");
+    assert!(
+        refusal.to_string().contains("WASMBOX_MAX_JOBS"),
+        "{refusal}"
+    );
+    slots_reach(&bob, "background", 1).await;
+    let job = ok(
+        &bob,
+        "execute_code_background",
+        json!({"sandbox_id": b_box, "code": "print('alive')", "timeout": 60}),
+    )
+    .await;
+    let pid = job["process_id"].as_str().unwrap().to_string();
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let done = loop {
+        let list = ok(&bob, "execute_list_processes", json!({"sandbox_id": b_box})).await;
+        let p = list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["process_id"] == pid.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("{pid} not listed: {list}"));
+        if p["status"] != "running" {
+            break p;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "B's job still waits after 20 s: {p}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["stdout"], "alive\n", "{done}");
+    answers_alive(&bob).await;
+}
