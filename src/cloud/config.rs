@@ -182,3 +182,72 @@ impl CloudConfig {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_reads_the_environment() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let c = CloudConfig::from_vars(vars(&[
+            ("HOPX_API_KEY", " hopx_live_abc "),
+            ("HOPX_BASE_URL", "http://127.0.0.1:9/api//"),
+            ("WASMBOX_OFFLINE", "1"),
+        ]));
+        assert_eq!(
+            c.api_key.as_ref().map(Secret::expose),
+            Some("hopx_live_abc")
+        );
+        assert_eq!(c.base_url, "http://127.0.0.1:9/api");
+        assert!(c.offline);
+        let dbg = format!("{c:?}");
+        assert!(
+            !dbg.contains("hopx_live_abc") && dbg.contains("***"),
+            "{dbg}"
+        );
+
+        let c = CloudConfig::from_vars(vars(&[("HOPX_API_KEY", ""), ("WASMBOX_OFFLINE", "0")]));
+        assert!(c.api_key.is_none());
+        assert_eq!(c.base_url, DEFAULT_BASE_URL);
+        assert!(!c.offline);
+        assert_eq!(
+            (c.max_sandboxes, c.max_sandboxes_per_owner),
+            (8, 4),
+            "defaults"
+        );
+        assert_eq!(c.sandbox_timeout(None).unwrap(), 3600);
+        assert_eq!(c.sandbox_timeout(Some(3600)).unwrap(), 3600);
+        assert!(c.sandbox_timeout(Some(3601)).is_err());
+        assert!(c.sandbox_timeout(Some(0)).is_err());
+        assert_eq!(c.oneshot_timeout(Duration::from_secs(30)), 600);
+        assert_eq!(c.oneshot_timeout(Duration::from_secs(900)), 1020);
+
+        let c = CloudConfig::from_vars(vars(&[
+            ("WASMBOX_MAX_CLOUD_SANDBOXES", "2"),
+            ("WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN", " 1 "),
+            ("WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT", "300"),
+        ]));
+        assert_eq!((c.max_sandboxes, c.max_sandboxes_per_owner), (2, 1));
+        assert_eq!(c.sandbox_timeout(None).unwrap(), 300);
+        let e = c.sandbox_timeout(Some(301)).unwrap_err().to_string();
+        assert!(
+            e.contains("at most 300 s") && e.contains("WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT"),
+            "{e}"
+        );
+        assert_eq!(c.oneshot_timeout(Duration::from_secs(30)), 300);
+        // Nonsense keeps the default; a lifetime of 0 would be none at all.
+        let c = CloudConfig::from_vars(vars(&[
+            ("WASMBOX_MAX_CLOUD_SANDBOXES", "many"),
+            ("WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT", "0"),
+        ]));
+        assert_eq!((c.max_sandboxes, c.max_sandbox_timeout_secs), (8, 3600));
+    }
+}
