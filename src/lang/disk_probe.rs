@@ -175,6 +175,8 @@ impl Op {
 }
 
 type Call<P> = TypedFunc<P, i32>;
+/// `path_open`'s parameters.
+type OpenArgs = (i32, i32, i32, i32, i32, i64, i64, i32, i32);
 
 /// A guest armed with a disk budget, and its exports.
 pub struct Probe {
@@ -183,7 +185,7 @@ pub struct Probe {
     /// Descriptors it opened and has not closed.
     fds: Vec<i32>,
     budget: Arc<DiskBudget>,
-    path_open: Call<(i32, i32, i32, i32, i32, i64, i64, i32, i32)>,
+    path_open: Call<OpenArgs>,
     fd_write: Call<(i32, i32, i32, i32)>,
     fd_pwrite: Call<(i32, i32, i32, i64, i32)>,
     fd_filestat_set_size: Call<(i32, i64)>,
