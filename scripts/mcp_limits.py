@@ -9,7 +9,8 @@
   snapshot quota; what the snapshots take on disk stays near the quota;
 - answers: a forged missing-module line of 900,000 control characters fits the answer budget;
 - fair shares: over HTTP, token A spins twice as many one-shots as there are CPU slots, and
-  token B's plain one-shot still answers.
+  token B's plain one-shot still answers; token A starts spinning background jobs until refused,
+  and token B's background job still runs to its end.
 
 Usage: python scripts/mcp_limits.py [path/to/wasmbox]   (needs `pip install mcp`)
 """
@@ -218,6 +219,39 @@ async def http_checks():
         check(not is_error and v.get("stdout") == "alive\n" and took < 8,
               f"token B's one-shot while token A spins {2 * total} one-shots: {took:.1f} s", v if is_error else "")
         spinner.cancel()
+
+        async def spin_jobs(s):
+            _, box = await call(s, "create_sandbox")
+            started, refusal = 0, None
+            while started < 64:
+                r, v = await call(s, "execute_code_background", sandbox_id=box["id"],
+                                  code="while True: pass", timeout=60)
+                if r.is_error:
+                    refusal = v
+                    break
+                started += 1
+            return started, refusal
+
+        async def job_alive(s):
+            _, box = await call(s, "create_sandbox")
+            r, job = await call(s, "execute_code_background", sandbox_id=box["id"],
+                                code="print('alive')", timeout=60)
+            if r.is_error:
+                return job, None
+            t = time.monotonic()
+            while time.monotonic() - t < 20:
+                _, lst = await call(s, "execute_list_processes", sandbox_id=box["id"])
+                p = next(p for p in lst["processes"] if p["process_id"] == job["process_id"])
+                if p["status"] != "running":
+                    return p, time.monotonic() - t
+                await asyncio.sleep(0.1)
+            return p, None
+
+        started, refusal = await session(a, spin_jobs)
+        p, took = await session(b, job_alive)
+        check(took is not None and p.get("stdout") == "alive\n",
+              f"token B's background job while token A holds {started} spinning jobs "
+              f"(then refused: {str(refusal)[:80]}): " + (f"{took:.1f} s" if took else "never ran"), p)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
