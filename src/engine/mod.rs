@@ -55,7 +55,7 @@ pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> 
         // pooling allocator also takes from the memory pool: CPython's stores get one (its
         // wasm exceptions live there), so a Python instance holds two memory slots.
         // A guest that writes files or polls descriptors gets a second core instance (no memory
-        // or table of its own): the module that forwards to wasmtime-wasi (`lang/wasi.rs`).
+        // or table of its own): the module that forwards to wasmtime-wasi (`lang/wasi/mod.rs`).
         pool.total_core_instances(pooled_instances.saturating_mul(2))
             .total_memories(pooled_instances.saturating_mul(2))
             .total_tables(pooled_instances)

@@ -341,9 +341,19 @@ mod tests {
                     .to_string(),
             )
         };
+        let idle = || threads.hub.state.lock().unwrap().idle.len();
+        // Each thread reports idle after handing its result back: wait for both (no fixed
+        // sleep, which a loaded machine can outlast).
+        let all_idle = || {
+            let until = std::time::Instant::now() + Duration::from_secs(30);
+            while idle() < 2 {
+                assert!(std::time::Instant::now() < until, "threads never went idle");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        all_idle();
         let a = rt.block_on(threads.run(name)).unwrap();
-        // Give it time to report idle again (it does so after handing the result back).
-        std::thread::sleep(Duration::from_millis(100));
+        all_idle();
         let b = rt.block_on(threads.run(name)).unwrap();
         assert_eq!(a, b);
         assert!(a.starts_with("wasmbox-guest-"), "{a}");
