@@ -260,19 +260,13 @@ fn in_scratch(path: &Path) -> bool {
     })
 }
 
-#[tokio::test]
-async fn oneshot_scratch_is_capped() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = server_with_env(&[
-        ("WASMBOX_ONESHOT_DISK_MB", "20"),
-        ("TMPDIR", tmp.path().to_str().unwrap()),
-    ])
-    .await;
-    // Watch the scratch directories while the one-shot runs: they are removed after it.
+/// Runs `code` as a Python one-shot (answering within 60 s) while a thread watches the scratch
+/// directories under `root` (they are removed after it): the answer, and the most they held.
+async fn oneshot_peak(c: &Client, root: &Path, code: &str) -> (Value, u64) {
     let stop = Arc::new(AtomicBool::new(false));
     let most = Arc::new(AtomicU64::new(0));
     let watcher = {
-        let (stop, most, root) = (stop.clone(), most.clone(), tmp.path().to_path_buf());
+        let (stop, most, root) = (stop.clone(), most.clone(), root.to_path_buf());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let held: u64 = walk(&root)
@@ -287,12 +281,23 @@ async fn oneshot_scratch_is_capped() {
             }
         })
     };
-    let r = tokio::time::timeout(Duration::from_secs(60), py(&c, &py_writer("/tmp/big", 100)))
+    let r = tokio::time::timeout(Duration::from_secs(60), py(c, code))
         .await
         .expect("the one-shot answers within 60 s");
     stop.store(true, Ordering::Relaxed);
     watcher.join().unwrap();
-    let most = most.load(Ordering::Relaxed);
+    (r, most.load(Ordering::Relaxed))
+}
+
+#[tokio::test]
+async fn oneshot_scratch_is_capped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = server_with_env(&[
+        ("WASMBOX_ONESHOT_DISK_MB", "20"),
+        ("TMPDIR", tmp.path().to_str().unwrap()),
+    ])
+    .await;
+    let (r, most) = oneshot_peak(&c, tmp.path(), &py_writer("/tmp/big", 100)).await;
     let what = format!(
         "a one-shot writing 100 MiB under a 20 MiB cap; its scratch held up to {}",
         mib(most)
@@ -711,31 +716,8 @@ async fn a_rename_onto_itself_frees_nothing_in_a_oneshot() {
         ("TMPDIR", tmp.path().to_str().unwrap()),
     ])
     .await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let most = Arc::new(AtomicU64::new(0));
-    let watcher = {
-        let (stop, most, root) = (stop.clone(), most.clone(), tmp.path().to_path_buf());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let held: u64 = walk(&root)
-                    .iter()
-                    .filter(|p| in_scratch(p))
-                    .filter_map(|p| std::fs::symlink_metadata(p).ok())
-                    .filter(|m| m.is_file())
-                    .map(|m| m.len())
-                    .sum();
-                most.fetch_max(held, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        })
-    };
     let code = PY_RENAME_ONTO_ITSELF.replace("/workspace/", "/tmp/");
-    let r = tokio::time::timeout(Duration::from_secs(60), py(&c, &code))
-        .await
-        .expect("the one-shot answers within 60 s");
-    stop.store(true, Ordering::Relaxed);
-    watcher.join().unwrap();
-    let most = most.load(Ordering::Relaxed);
+    let (r, most) = oneshot_peak(&c, tmp.path(), &code).await;
     let what = format!(
         "a one-shot renaming a growing file onto itself under a 50 MiB cap; its scratch held up to {}",
         mib(most)
