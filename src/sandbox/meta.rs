@@ -1,0 +1,170 @@
+//! What a persistent sandbox keeps on disk beside its files: `meta.json`, written whole, and
+//! the `lock` its process holds.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::Sandbox;
+
+/// What `meta.json` keeps of a sandbox: enough to adopt its files after a restart.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Meta {
+    pub(super) id: String,
+    pub(super) template: String,
+    pub(super) owner: String,
+    pub(super) created_at_ms: u64,
+    pub(super) timeout_secs: u64,
+    pub(super) expires_at_ms: u64,
+    pub(super) paused: bool,
+    pub(super) env: BTreeMap<String, String>,
+}
+
+/// Writes `path` so that a crash or a concurrent writer leaves the old or the new content,
+/// never a mix: a temp file of a unique name beside it, synced, renamed over it, and the
+/// directory synced so the rename itself survives a power cut.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_replacing(path, bytes, true)
+}
+
+/// As [`write_atomic`], synced to disk only with `sync`: without, a crash of the process still
+/// leaves the old or the new content, and only a power cut may lose the write (see
+/// [`sync_written`]).
+pub(crate) fn write_replacing(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(
+        "{name}.{}-{}.tmp",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let written = (|| {
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+        let mut f = o.open(&tmp)?;
+        f.write_all(bytes)?;
+        if sync {
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        if sync {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Syncs to disk what [`write_replacing`] wrote to `path` without syncing: the file, then its
+/// directory (the rename).
+pub(crate) fn sync_written(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()?;
+    std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+}
+
+/// A persistent sandbox's claim on its directory: the locked `lock` file, held while it lives.
+pub(super) struct Claim {
+    _lock: std::fs::File,
+}
+
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+pub(crate) fn from_unix_ms(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// Whether `id` has the shape of our sandbox ids (`wb` + 32 hex digits), so it is safe as a
+/// path part.
+pub(crate) fn valid_id(id: &str) -> bool {
+    has_id_shape(id, "wb")
+}
+
+/// Whether `id` is `prefix` (two letters) and 32 lowercase hex digits.
+pub(crate) fn has_id_shape(id: &str, prefix: &str) -> bool {
+    id.len() == 34
+        && id.starts_with(prefix)
+        && id[2..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Takes the directory's lock without waiting; `None` when another live process holds it.
+pub(crate) fn claim(dir: &Path) -> std::io::Result<Option<Claim>> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    match f.try_lock() {
+        Ok(()) => Ok(Some(Claim { _lock: f })),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
+impl Sandbox {
+    /// Writes `meta.json` (atomically) when the sandbox is persistent; called after every change
+    /// of lifetime, pause state or env. A failure is logged: the live sandbox is unaffected, only
+    /// a restart would see older settings.
+    pub fn save(&self) {
+        self.save_with(true);
+    }
+
+    /// [`Sandbox::save`], not yet synced to disk without `sync` (then [`Sandbox::sync_saved`]
+    /// makes it durable).
+    pub(super) fn save_with(&self, sync: bool) {
+        if self.claim.is_none() {
+            return;
+        }
+        let _saving = self.saving.lock().unwrap();
+        let meta = {
+            let l = self.lifetime.lock().unwrap();
+            Meta {
+                id: self.id.clone(),
+                template: self.template.id.to_string(),
+                owner: self.owner.clone(),
+                created_at_ms: unix_ms(self.created_at),
+                timeout_secs: l.timeout.as_secs(),
+                expires_at_ms: unix_ms(l.expires_at),
+                paused: l.paused,
+                env: self.env.lock().unwrap().clone(),
+            }
+        };
+        let path = self.fs.host_root().join("meta.json");
+        let written = serde_json::to_vec_pretty(&meta)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| write_replacing(&path, &bytes, sync));
+        if let Err(e) = written {
+            tracing::warn!(sandbox = %self.id, "saving the sandbox's metadata: {e}");
+        }
+    }
+
+    /// Syncs `meta.json` to disk, after a creation that left that for later (a fork, whose
+    /// caller should not wait for the disk). Blocks: call it off the async threads.
+    pub fn sync_saved(&self) {
+        if self.claim.is_none() {
+            return;
+        }
+        let _saving = self.saving.lock().unwrap();
+        match sync_written(&self.fs.host_root().join("meta.json")) {
+            // Deleted meanwhile: nothing left to keep.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(sandbox = %self.id, "syncing the sandbox's metadata: {e}"),
+            Ok(()) => {}
+        }
+    }
+}
