@@ -48,14 +48,7 @@ pub fn thousands(n: u64) -> String {
 
 /// The longest start of `s` that takes at most `budget` bytes as JSON.
 fn prefix_within(s: &str, budget: usize) -> &str {
-    let mut used = 0;
-    for (i, c) in s.char_indices() {
-        used += json_char_len(c);
-        if used > budget {
-            return &s[..i];
-        }
-    }
-    s
+    json_fit(s, budget, false).0
 }
 
 /// The longest end of `s` that takes at most `budget` bytes as JSON.
@@ -254,6 +247,60 @@ fn shorten_a_list(v: &mut Value, excess: usize) -> bool {
     true
 }
 
+/// The text at the start of `buf` whose JSON string form fits `budget` bytes: (bytes skipped
+/// at the start, the text, whether bytes are left after it). Counting JSON keeps a file of
+/// control characters (a sparse file is all NULs, six bytes each as `\u0000`) within the
+/// budget. The text ends at a character boundary; unless `at_boundary`, up to three
+/// continuation bytes at the start are skipped (an offset inside a character starts at the
+/// next one). Unless `at_end`, a character cut at the end of `buf` is left for the next
+/// window. `None` when the bytes before the cut are not UTF-8.
+pub fn text_window(
+    buf: &[u8],
+    at_boundary: bool,
+    at_end: bool,
+    budget: usize,
+) -> Option<(usize, &str, bool)> {
+    let skip = if at_boundary {
+        0
+    } else {
+        buf.iter().take(3).take_while(|b| *b & 0xC0 == 0x80).count()
+    };
+    let rest = &buf[skip..];
+    let (valid, bad) = match std::str::from_utf8(rest) {
+        Ok(s) => (s, false),
+        Err(e) => (
+            std::str::from_utf8(&rest[..e.valid_up_to()]).ok()?,
+            e.error_len().is_some() || at_end,
+        ),
+    };
+    let (text, used) = json_fit(valid, budget, true);
+    // Bad bytes the window would have reached (a byte takes at least one).
+    if bad && text.len() == valid.len() && used < budget {
+        return None;
+    }
+    Some((skip, text, text.len() < rest.len()))
+}
+
+/// The longest start of `s` whose JSON string form fits `budget` bytes, but at least one
+/// character, so a reader paging through a file always moves on.
+pub fn json_prefix(s: &str, budget: usize) -> &str {
+    json_fit(s, budget, true).0
+}
+
+/// The longest start of `s` within `budget` JSON bytes (at least one character with
+/// `at_least_one`), and the bytes it takes.
+fn json_fit(s: &str, budget: usize, at_least_one: bool) -> (&str, usize) {
+    let mut used = 0;
+    for (i, c) in s.char_indices() {
+        let n = json_char_len(c);
+        if used + n > budget && (i > 0 || !at_least_one) {
+            return (&s[..i], used);
+        }
+        used += n;
+    }
+    (s, used)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,5 +454,38 @@ mod tests {
         assert_eq!(share(1000, 20, 100), (80, 20));
         assert_eq!(share(20, 1000, 100), (20, 80));
         assert_eq!(share(1000, 1000, 100), (50, 50));
+    }
+
+    #[test]
+    fn text_windows_end_at_characters_and_count_json() {
+        let s = "aé€😀".as_bytes();
+        assert_eq!(text_window(s, true, true, 8), Some((0, "aé€", true)));
+        assert_eq!(text_window(s, true, true, 10), Some((0, "aé€😀", false)));
+        // Inside a character: from the next one.
+        assert_eq!(
+            text_window(&s[2..], false, true, 100),
+            Some((1, "€😀", false))
+        );
+        // At least one character, so paging moves on.
+        assert_eq!(text_window(&s[6..], true, true, 1), Some((0, "😀", false)));
+        // A character cut by the read is left for the next window; at the end it is not text.
+        assert_eq!(
+            text_window(&s[..8], true, false, 100),
+            Some((0, "aé€", true))
+        );
+        assert_eq!(text_window(&s[..8], true, true, 100), None);
+        // Bytes that are not UTF-8: refused when reached, fine when the window ends before.
+        assert_eq!(text_window(b"abc\xff", true, true, 100), None);
+        assert_eq!(
+            text_window(b"abc\xff", true, true, 3),
+            Some((0, "abc", true))
+        );
+        assert_eq!(text_window(b"\x80abc", true, true, 100), None);
+        assert_eq!(text_window(b"\x80\x80\x80\x80a", false, true, 100), None);
+        // JSON escapes count: 2 for a newline or quote, 6 for other control characters.
+        assert_eq!(json_prefix("\n\n\n", 5), "\n\n");
+        assert_eq!(json_prefix("\"\\x", 4), "\"\\");
+        assert_eq!(json_prefix("\0\0", 11), "\0");
+        assert_eq!(json_prefix("\u{7f}é", 3), "\u{7f}é");
     }
 }

@@ -8,6 +8,7 @@ pub mod guest;
 pub mod images;
 pub mod javascript;
 pub mod python;
+pub(crate) mod scratch;
 pub mod session;
 pub mod spare;
 pub mod wasi;

@@ -21,6 +21,7 @@ use crate::lang::guest::WORKSPACE_GUEST;
 
 pub use crate::engine::disk::Quota;
 use crate::engine::disk::{DiskBudget, Over};
+pub use crate::fit::{json_prefix, text_window};
 
 /// What went wrong with a file operation, in terms the caller can act on.
 #[derive(Debug, thiserror::Error)]
@@ -529,59 +530,6 @@ fn read_at(p: &GuestPath, mut file: File, offset: u64, limit: u64) -> Result<Vec
     Ok(buf)
 }
 
-/// The text at the start of `buf` whose JSON string form fits `budget` bytes: (bytes skipped
-/// at the start, the text, whether bytes are left after it). Counting JSON keeps a file of
-/// control characters (a sparse file is all NULs, six bytes each as `\u0000`) within the
-/// budget. The text ends at a character boundary; unless `at_boundary`, up to three
-/// continuation bytes at the start are skipped (an offset inside a character starts at the
-/// next one). Unless `at_end`, a character cut at the end of `buf` is left for the next
-/// window. `None` when the bytes before the cut are not UTF-8.
-pub fn text_window(
-    buf: &[u8],
-    at_boundary: bool,
-    at_end: bool,
-    budget: usize,
-) -> Option<(usize, &str, bool)> {
-    let skip = if at_boundary {
-        0
-    } else {
-        buf.iter().take(3).take_while(|b| *b & 0xC0 == 0x80).count()
-    };
-    let rest = &buf[skip..];
-    let (valid, bad) = match std::str::from_utf8(rest) {
-        Ok(s) => (s, false),
-        Err(e) => (
-            std::str::from_utf8(&rest[..e.valid_up_to()]).ok()?,
-            e.error_len().is_some() || at_end,
-        ),
-    };
-    let (text, used) = json_fit(valid, budget);
-    // Bad bytes the window would have reached (a byte takes at least one).
-    if bad && text.len() == valid.len() && used < budget {
-        return None;
-    }
-    Some((skip, text, text.len() < rest.len()))
-}
-
-/// The longest start of `s` whose JSON string form fits `budget` bytes, but at least one
-/// character, so a reader paging through a file always moves on.
-pub fn json_prefix(s: &str, budget: usize) -> &str {
-    json_fit(s, budget).0
-}
-
-/// [`json_prefix`], and the bytes it takes.
-fn json_fit(s: &str, budget: usize) -> (&str, usize) {
-    let mut used = 0;
-    for (i, c) in s.char_indices() {
-        let n = crate::fit::json_char_len(c);
-        if used + n > budget && i > 0 {
-            return (&s[..i], used);
-        }
-        used += n;
-    }
-    (s, used)
-}
-
 fn io_err(p: &GuestPath, e: io::Error) -> FsError {
     match e.kind() {
         io::ErrorKind::NotFound => FsError::NotFound(p.guest.clone()),
@@ -798,38 +746,5 @@ mod tests {
         );
         w.write("b.js", b"\xff").unwrap();
         assert!(matches!(w.read_script("b.js", 9), Err(FsError::NotText(_))));
-    }
-
-    #[test]
-    fn text_windows_end_at_characters_and_count_json() {
-        let s = "aé€😀".as_bytes();
-        assert_eq!(text_window(s, true, true, 8), Some((0, "aé€", true)));
-        assert_eq!(text_window(s, true, true, 10), Some((0, "aé€😀", false)));
-        // Inside a character: from the next one.
-        assert_eq!(
-            text_window(&s[2..], false, true, 100),
-            Some((1, "€😀", false))
-        );
-        // At least one character, so paging moves on.
-        assert_eq!(text_window(&s[6..], true, true, 1), Some((0, "😀", false)));
-        // A character cut by the read is left for the next window; at the end it is not text.
-        assert_eq!(
-            text_window(&s[..8], true, false, 100),
-            Some((0, "aé€", true))
-        );
-        assert_eq!(text_window(&s[..8], true, true, 100), None);
-        // Bytes that are not UTF-8: refused when reached, fine when the window ends before.
-        assert_eq!(text_window(b"abc\xff", true, true, 100), None);
-        assert_eq!(
-            text_window(b"abc\xff", true, true, 3),
-            Some((0, "abc", true))
-        );
-        assert_eq!(text_window(b"\x80abc", true, true, 100), None);
-        assert_eq!(text_window(b"\x80\x80\x80\x80a", false, true, 100), None);
-        // JSON escapes count: 2 for a newline or quote, 6 for other control characters.
-        assert_eq!(json_prefix("\n\n\n", 5), "\n\n");
-        assert_eq!(json_prefix("\"\\x", 4), "\"\\");
-        assert_eq!(json_prefix("\0\0", 11), "\0");
-        assert_eq!(json_prefix("\u{7f}é", 3), "\u{7f}é");
     }
 }

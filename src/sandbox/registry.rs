@@ -35,7 +35,8 @@ impl Sandboxes {
             // Under the process's scratch root, so a killed server's sandboxes are removed by
             // the next start, like its one-shots' directories.
             None => {
-                let scratch = crate::lang::guest::scratch_root().map_err(std::io::Error::other)?;
+                let scratch =
+                    crate::lang::scratch::scratch_root().map_err(std::io::Error::other)?;
                 Root::Temp(
                     tempfile::Builder::new()
                         .prefix("sandboxes-")

@@ -62,7 +62,7 @@ pub(super) fn budgeted(c: &mut Caller<'_, GuestState>) -> Option<(Arc<DiskBudget
 /// What `fd_write` and `fd_pwrite` need to count a write: the budget, memory, the file as it
 /// is and the bytes asked for. `None` when the write does not count (stdio, no budget, not a
 /// regular file) or cannot be read (the original call then fails as it should).
-pub(super) fn file_write(
+fn file_write(
     c: &mut Caller<'_, GuestState>,
     lk: &Hooks,
     fd: i32,
@@ -86,11 +86,35 @@ pub(super) fn file_write(
 }
 
 /// A write [`file_write`] found to count.
-pub(super) struct FileWrite {
-    pub(super) disk: Arc<DiskBudget>,
-    pub(super) mem: Memory,
-    pub(super) before: Stat,
-    pub(super) total: u64,
+struct FileWrite {
+    disk: Arc<DiskBudget>,
+    mem: Memory,
+    before: Stat,
+    total: u64,
+}
+
+/// Runs a write to `fd` (`fd_write`, `fd_pwrite`) under the budget's change lock: a write to a
+/// regular file may make it `grow(.., size before, bytes asked for)` larger, within the budget.
+pub(super) fn write(
+    c: &mut Caller<'_, GuestState>,
+    lk: &Hooks,
+    (fd, iovs, n): (i32, i32, i32),
+    grow: impl FnOnce(&mut Caller<'_, GuestState>, Memory, &Stat, u64) -> wasmtime::Result<u64>,
+    call: impl FnOnce(&mut Caller<'_, GuestState>) -> wasmtime::Result<i32>,
+) -> wasmtime::Result<i32> {
+    let disk = c.data().watch.disk.clone();
+    let _change = disk.as_deref().map(DiskBudget::change);
+    let Some(FileWrite {
+        disk,
+        mem,
+        before,
+        total,
+    }) = file_write(c, lk, fd, iovs, n)?
+    else {
+        return call(c);
+    };
+    let grow = grow(c, mem, &before, total)?;
+    resize(c, mem, lk, &disk, fd, before, grow, call)
 }
 
 /// Runs a call that removes the name `(dirfd, path, path_len)` if it exists (an unlink), and

@@ -48,6 +48,17 @@ use disk::*;
 use watch::poll_clocks;
 pub use watch::{Watch, clock};
 
+/// Replaces WASI call `$name` in `$linker` with a host function whose body reaches
+/// wasmtime-wasi's own calls through `$o` (the [`Hooks`] `$hooks`).
+macro_rules! shadow {
+    ($linker:ident, $hooks:ident, $name:literal, |$c:ident, $o:ident $(, $p:ident: $t:ty)*| $body:block) => {{
+        let $o = $hooks.clone();
+        $linker
+            .func_wrap(MODULE, $name, move |mut $c: Caller<'_, GuestState> $(, $p: $t)*| $body)
+            .map_err(super::guest::engine_err)?;
+    }};
+}
+
 /// A linker with WASI preview 1, the interruptible `poll_oneoff`, and the calls that change
 /// what a guest holds on disk counted against its [`DiskBudget`].
 pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
@@ -63,323 +74,250 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, wasi).map_err(super::guest::engine_err)?;
     linker.allow_shadowing(true);
-    let e = super::guest::engine_err;
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "poll_oneoff",
-            move |mut c: Caller<'_, GuestState>, subs: i32, events: i32, n: i32, nevents: i32| {
-                match poll_clocks(&mut c, subs, events, n, nevents)? {
-                    Some(errno) => Ok(errno),
-                    None => {
-                        original::poll_oneoff(&mut c, &o)?.call(&mut c, (subs, events, n, nevents))
-                    }
-                }
-            },
-        )
-        .map_err(e)?;
+    shadow!(
+        linker,
+        lk,
+        "poll_oneoff",
+        |c, o, subs: i32, events: i32, n: i32, nevents: i32| {
+            match poll_clocks(&mut c, subs, events, n, nevents)? {
+                Some(errno) => Ok(errno),
+                None => original::poll_oneoff(&mut c, &o)?.call(&mut c, (subs, events, n, nevents)),
+            }
+        }
+    );
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "fd_write",
-            move |mut c: Caller<'_, GuestState>, fd: i32, iovs: i32, n: i32, nwritten: i32| {
-                if let Some(errno) = write_stdio(&mut c, fd, iovs, n, nwritten)? {
-                    return Ok(errno);
-                }
-                let disk = c.data().watch.disk.clone();
-                let _change = disk.as_deref().map(DiskBudget::change);
-                let f = original::fd_write(&mut c, &o)?;
-                let args = (fd, iovs, n, nwritten);
-                let Some(FileWrite {
-                    disk,
-                    mem,
-                    before,
-                    total,
-                }) = file_write(&mut c, &o, fd, iovs, n)?
-                else {
-                    return f.call(&mut c, args);
-                };
-                // Appending writes at the end, others at the position: at most this much more.
-                let at = fd_tell(&mut c, mem, &o, fd)?.unwrap_or(before.size);
-                let grow = at.max(before.size).saturating_add(total) - before.size;
-                resize(&mut c, mem, &o, &disk, fd, before, grow, |c| {
-                    f.call(c, args)
-                })
-            },
-        )
-        .map_err(e)?;
+    shadow!(
+        linker,
+        lk,
+        "fd_write",
+        |c, o, fd: i32, iovs: i32, n: i32, nwritten: i32| {
+            if let Some(errno) = write_stdio(&mut c, fd, iovs, n, nwritten)? {
+                return Ok(errno);
+            }
+            let f = original::fd_write(&mut c, &o)?;
+            // Appending writes at the end, others at the position: at most this much more.
+            let grow = |c: &mut Caller<'_, GuestState>, mem, before: &Stat, total: u64| {
+                let at = fd_tell(c, mem, &o, fd)?.unwrap_or(before.size);
+                Ok(at.max(before.size).saturating_add(total) - before.size)
+            };
+            write(&mut c, &o, (fd, iovs, n), grow, |c| {
+                f.call(c, (fd, iovs, n, nwritten))
+            })
+        }
+    );
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "fd_pwrite",
-            move |mut c: Caller<'_, GuestState>,
-                  fd: i32,
-                  iovs: i32,
-                  n: i32,
-                  offset: i64,
-                  nwritten: i32| {
-                let disk = c.data().watch.disk.clone();
-                let _change = disk.as_deref().map(DiskBudget::change);
-                let f = original::fd_pwrite(&mut c, &o)?;
-                let args = (fd, iovs, n, offset, nwritten);
-                let Some(FileWrite {
-                    disk,
-                    mem,
-                    before,
-                    total,
-                }) = file_write(&mut c, &o, fd, iovs, n)?
-                else {
-                    return f.call(&mut c, args);
-                };
+    shadow!(
+        linker,
+        lk,
+        "fd_pwrite",
+        |c, o, fd: i32, iovs: i32, n: i32, offset: i64, nwritten: i32| {
+            let f = original::fd_pwrite(&mut c, &o)?;
+            let grow = |_: &mut Caller<'_, GuestState>, _, before: &Stat, total: u64| {
                 let end = (offset as u64).saturating_add(total);
-                let grow = end.max(before.size) - before.size;
-                resize(&mut c, mem, &o, &disk, fd, before, grow, |c| {
-                    f.call(c, args)
-                })
-            },
-        )
-        .map_err(e)?;
+                Ok(end.max(before.size) - before.size)
+            };
+            write(&mut c, &o, (fd, iovs, n), grow, |c| {
+                f.call(c, (fd, iovs, n, offset, nwritten))
+            })
+        }
+    );
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "fd_filestat_set_size",
-            move |mut c: Caller<'_, GuestState>, fd: i32, size: i64| {
-                let f = original::fd_filestat_set_size(&mut c, &o)?;
-                let Some((disk, mem)) = counted(&mut c, fd) else {
-                    return f.call(&mut c, (fd, size));
-                };
-                let _change = disk.change();
-                let Some(before) = fd_stat(&mut c, mem, &o, fd)? else {
-                    return f.call(&mut c, (fd, size));
-                };
-                let grow = (size as u64).max(before.size) - before.size;
-                resize(&mut c, mem, &o, &disk, fd, before, grow, |c| {
-                    f.call(c, (fd, size))
-                })
-            },
-        )
-        .map_err(e)?;
+    shadow!(
+        linker,
+        lk,
+        "fd_filestat_set_size",
+        |c, o, fd: i32, size: i64| {
+            let f = original::fd_filestat_set_size(&mut c, &o)?;
+            let Some((disk, mem)) = counted(&mut c, fd) else {
+                return f.call(&mut c, (fd, size));
+            };
+            let _change = disk.change();
+            let Some(before) = fd_stat(&mut c, mem, &o, fd)? else {
+                return f.call(&mut c, (fd, size));
+            };
+            let grow = (size as u64).max(before.size) - before.size;
+            resize(&mut c, mem, &o, &disk, fd, before, grow, |c| {
+                f.call(c, (fd, size))
+            })
+        }
+    );
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "path_open",
-            move |mut c: Caller<'_, GuestState>,
-                  dirfd: i32,
-                  dirflags: i32,
-                  path: i32,
-                  path_len: i32,
-                  oflags: i32,
-                  base: i64,
-                  inheriting: i64,
-                  fdflags: i32,
-                  opened: i32| {
-                let f = original::path_open(&mut c, &o)?;
-                let args = (
-                    dirfd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened,
-                );
-                let Some((disk, mem)) = budgeted(&mut c) else {
-                    return f.call(&mut c, args);
-                };
-                let _change = disk.change();
-                let (creat, trunc) = (oflags & OFLAGS_CREAT != 0, oflags & OFLAGS_TRUNC != 0);
-                let follow = dirflags & LOOKUP_SYMLINK_FOLLOW != 0;
-                let before = if creat || trunc {
-                    path_stat(&mut c, mem, &o, dirfd, follow, path, path_len)?
-                } else {
-                    None
-                };
-                let new_entry = creat && before.is_none();
-                let r = disk
-                    .reserve(0, new_entry as u64)
-                    .map_err(|over| c.data_mut().watch.disk_full(over))?;
-                let errno = f.call(&mut c, args)?;
-                if errno != ERRNO_SUCCESS {
-                    r.settle(0, 0);
-                    return Ok(errno);
-                }
-                let freed = match before {
-                    Some(b) if trunc && b.filetype == FILETYPE_REGULAR => b.size,
-                    _ => 0,
-                };
-                r.settle(-(freed as i64), new_entry as i64);
-                let fd = read_u32(&c, mem, opened);
-                if let Some(fd) = fd
-                    && let Some(st) = fd_stat(&mut c, mem, &o, fd as i32)?
-                    && st.filetype == FILETYPE_REGULAR
-                {
-                    disk.opened(st.id);
-                    c.data_mut().files.fds.insert(fd, (st.id, disk.clone()));
-                }
-                Ok(errno)
-            },
-        )
-        .map_err(e)?;
+    shadow!(
+        linker,
+        lk,
+        "path_open",
+        |c,
+         o,
+         dirfd: i32,
+         dirflags: i32,
+         path: i32,
+         path_len: i32,
+         oflags: i32,
+         base: i64,
+         inheriting: i64,
+         fdflags: i32,
+         opened: i32| {
+            let f = original::path_open(&mut c, &o)?;
+            let args = (
+                dirfd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened,
+            );
+            let Some((disk, mem)) = budgeted(&mut c) else {
+                return f.call(&mut c, args);
+            };
+            let _change = disk.change();
+            let (creat, trunc) = (oflags & OFLAGS_CREAT != 0, oflags & OFLAGS_TRUNC != 0);
+            let follow = dirflags & LOOKUP_SYMLINK_FOLLOW != 0;
+            let before = if creat || trunc {
+                path_stat(&mut c, mem, &o, dirfd, follow, path, path_len)?
+            } else {
+                None
+            };
+            let new_entry = creat && before.is_none();
+            let r = disk
+                .reserve(0, new_entry as u64)
+                .map_err(|over| c.data_mut().watch.disk_full(over))?;
+            let errno = f.call(&mut c, args)?;
+            if errno != ERRNO_SUCCESS {
+                r.settle(0, 0);
+                return Ok(errno);
+            }
+            let freed = match before {
+                Some(b) if trunc && b.filetype == FILETYPE_REGULAR => b.size,
+                _ => 0,
+            };
+            r.settle(-(freed as i64), new_entry as i64);
+            let fd = read_u32(&c, mem, opened);
+            if let Some(fd) = fd
+                && let Some(st) = fd_stat(&mut c, mem, &o, fd as i32)?
+                && st.filetype == FILETYPE_REGULAR
+            {
+                disk.opened(st.id);
+                c.data_mut().files.fds.insert(fd, (st.id, disk.clone()));
+            }
+            Ok(errno)
+        }
+    );
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "fd_close",
-            move |mut c: Caller<'_, GuestState>, fd: i32| {
-                if let Some((id, disk)) = c.data_mut().files.fds.remove(&(fd as u32)) {
-                    disk.closed(id);
-                }
-                original::fd_close(&mut c, &o)?.call(&mut c, (fd,))
-            },
-        )
-        .map_err(e)?;
+    shadow!(linker, lk, "fd_close", |c, o, fd: i32| {
+        if let Some((id, disk)) = c.data_mut().files.fds.remove(&(fd as u32)) {
+            disk.closed(id);
+        }
+        original::fd_close(&mut c, &o)?.call(&mut c, (fd,))
+    });
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "fd_renumber",
-            move |mut c: Caller<'_, GuestState>, from: i32, to: i32| {
-                let errno = original::fd_renumber(&mut c, &o)?.call(&mut c, (from, to))?;
-                if errno == ERRNO_SUCCESS && from != to {
-                    let files = &mut c.data_mut().files;
-                    if (0..=2).contains(&to) {
-                        files.stdio_moved = true;
-                    }
-                    if let Some((id, disk)) = files.fds.remove(&(to as u32)) {
-                        disk.closed(id);
-                    }
-                    if let Some(moved) = files.fds.remove(&(from as u32)) {
-                        files.fds.insert(to as u32, moved);
-                    }
-                }
-                Ok(errno)
-            },
-        )
-        .map_err(e)?;
+    shadow!(linker, lk, "fd_renumber", |c, o, from: i32, to: i32| {
+        let errno = original::fd_renumber(&mut c, &o)?.call(&mut c, (from, to))?;
+        if errno == ERRNO_SUCCESS && from != to {
+            let files = &mut c.data_mut().files;
+            if (0..=2).contains(&to) {
+                files.stdio_moved = true;
+            }
+            if let Some((id, disk)) = files.fds.remove(&(to as u32)) {
+                disk.closed(id);
+            }
+            if let Some(moved) = files.fds.remove(&(from as u32)) {
+                files.fds.insert(to as u32, moved);
+            }
+        }
+        Ok(errno)
+    });
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "path_unlink_file",
-            move |mut c: Caller<'_, GuestState>, dirfd: i32, path: i32, path_len: i32| {
-                let f = original::path_unlink_file(&mut c, &o)?;
-                removing(&mut c, &o, (dirfd, path, path_len), |c| {
-                    f.call(c, (dirfd, path, path_len))
-                })
-            },
-        )
-        .map_err(e)?;
+    shadow!(
+        linker,
+        lk,
+        "path_unlink_file",
+        |c, o, dirfd: i32, path: i32, path_len: i32| {
+            let f = original::path_unlink_file(&mut c, &o)?;
+            removing(&mut c, &o, (dirfd, path, path_len), |c| {
+                f.call(c, (dirfd, path, path_len))
+            })
+        }
+    );
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "path_remove_directory",
-            move |mut c: Caller<'_, GuestState>, dirfd: i32, path: i32, path_len: i32| {
-                let disk = c.data().watch.disk.clone();
-                let _change = disk.as_deref().map(DiskBudget::change);
-                let errno = original::path_remove_directory(&mut c, &o)?
-                    .call(&mut c, (dirfd, path, path_len))?;
-                if errno == ERRNO_SUCCESS
-                    && let Some(disk) = &disk
-                {
-                    disk.changed(0, -1);
-                }
-                Ok(errno)
-            },
-        )
-        .map_err(e)?;
+    shadow!(
+        linker,
+        lk,
+        "path_remove_directory",
+        |c, o, dirfd: i32, path: i32, path_len: i32| {
+            let disk = c.data().watch.disk.clone();
+            let _change = disk.as_deref().map(DiskBudget::change);
+            let errno = original::path_remove_directory(&mut c, &o)?
+                .call(&mut c, (dirfd, path, path_len))?;
+            if errno == ERRNO_SUCCESS
+                && let Some(disk) = &disk
+            {
+                disk.changed(0, -1);
+            }
+            Ok(errno)
+        }
+    );
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "path_rename",
-            move |mut c: Caller<'_, GuestState>,
-                  fd: i32,
-                  old: i32,
-                  old_len: i32,
-                  new_fd: i32,
-                  new: i32,
-                  new_len: i32| {
-                let f = original::path_rename(&mut c, &o)?;
-                let args = (fd, old, old_len, new_fd, new, new_len);
-                let Some((disk, mem)) = budgeted(&mut c) else {
-                    return f.call(&mut c, args);
-                };
-                let _change = disk.change();
-                let from = path_stat(&mut c, mem, &o, fd, false, old, old_len)?;
-                let to = path_stat(&mut c, mem, &o, new_fd, false, new, new_len)?;
-                let errno = f.call(&mut c, args)?;
-                // A rename over another file removes the name it had; one onto the file itself
-                // (the same name, or another of its names) changes nothing.
-                if errno == ERRNO_SUCCESS
-                    && let (Some(from), Some(to)) = (from, to)
-                    && from.id != to.id
-                {
-                    gone(&disk, to);
-                }
-                Ok(errno)
-            },
-        )
-        .map_err(e)?;
+    shadow!(
+        linker,
+        lk,
+        "path_rename",
+        |c, o, fd: i32, old: i32, old_len: i32, new_fd: i32, new: i32, new_len: i32| {
+            let f = original::path_rename(&mut c, &o)?;
+            let args = (fd, old, old_len, new_fd, new, new_len);
+            let Some((disk, mem)) = budgeted(&mut c) else {
+                return f.call(&mut c, args);
+            };
+            let _change = disk.change();
+            let from = path_stat(&mut c, mem, &o, fd, false, old, old_len)?;
+            let to = path_stat(&mut c, mem, &o, new_fd, false, new, new_len)?;
+            let errno = f.call(&mut c, args)?;
+            // A rename over another file removes the name it had; one onto the file itself
+            // (the same name, or another of its names) changes nothing.
+            if errno == ERRNO_SUCCESS
+                && let (Some(from), Some(to)) = (from, to)
+                && from.id != to.id
+            {
+                gone(&disk, to);
+            }
+            Ok(errno)
+        }
+    );
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "path_create_directory",
-            move |mut c: Caller<'_, GuestState>, dirfd: i32, path: i32, path_len: i32| {
-                let f = original::path_create_directory(&mut c, &o)?;
-                new_entry(&mut c, |c| f.call(c, (dirfd, path, path_len)))
-            },
-        )
-        .map_err(e)?;
+    shadow!(
+        linker,
+        lk,
+        "path_create_directory",
+        |c, o, dirfd: i32, path: i32, path_len: i32| {
+            let f = original::path_create_directory(&mut c, &o)?;
+            new_entry(&mut c, |c| f.call(c, (dirfd, path, path_len)))
+        }
+    );
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "path_symlink",
-            move |mut c: Caller<'_, GuestState>,
-                  old: i32,
-                  old_len: i32,
-                  dirfd: i32,
-                  new: i32,
-                  new_len: i32| {
-                let f = original::path_symlink(&mut c, &o)?;
-                new_entry(&mut c, |c| f.call(c, (old, old_len, dirfd, new, new_len)))
-            },
-        )
-        .map_err(e)?;
+    shadow!(
+        linker,
+        lk,
+        "path_symlink",
+        |c, o, old: i32, old_len: i32, dirfd: i32, new: i32, new_len: i32| {
+            let f = original::path_symlink(&mut c, &o)?;
+            new_entry(&mut c, |c| f.call(c, (old, old_len, dirfd, new, new_len)))
+        }
+    );
 
-    let o = lk.clone();
-    linker
-        .func_wrap(
-            MODULE,
-            "path_link",
-            move |mut c: Caller<'_, GuestState>,
-                  old_fd: i32,
-                  old_flags: i32,
-                  old: i32,
-                  old_len: i32,
-                  new_fd: i32,
-                  new: i32,
-                  new_len: i32| {
-                let f = original::path_link(&mut c, &o)?;
-                let args = (old_fd, old_flags, old, old_len, new_fd, new, new_len);
-                // A new name of a file: an entry, and no bytes (a file's count once).
-                new_entry(&mut c, |c| f.call(c, args))
-            },
-        )
-        .map_err(e)?;
+    shadow!(
+        linker,
+        lk,
+        "path_link",
+        |c,
+         o,
+         old_fd: i32,
+         old_flags: i32,
+         old: i32,
+         old_len: i32,
+         new_fd: i32,
+         new: i32,
+         new_len: i32| {
+            let f = original::path_link(&mut c, &o)?;
+            let args = (old_fd, old_flags, old, old_len, new_fd, new, new_len);
+            // A new name of a file: an entry, and no bytes (a file's count once).
+            new_entry(&mut c, |c| f.call(c, args))
+        }
+    );
 
     linker.allow_shadowing(false);
     Ok(linker)
