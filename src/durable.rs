@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lang::Language;
-use crate::lang::session::SessionRuntime;
 use crate::sandbox::budget::{self, Reservation, StateGate};
 use crate::sandbox::copy::Copied;
 use crate::sandbox::snapshots::{self, SnapshotError, SnapshotMeta};
@@ -48,24 +47,6 @@ impl SavedSession {
 }
 
 impl Wasmbox {
-    /// The loaded runtime that keeps `language`'s sessions; `None` when it has not loaded (so
-    /// no session of it can be live).
-    fn loaded_session_runtime(&self, language: Language) -> Option<Arc<dyn SessionRuntime>> {
-        match language {
-            Language::Python => self
-                .inner
-                .python
-                .get()
-                .map(|r| r.clone() as Arc<dyn SessionRuntime>),
-            Language::JavaScript => self
-                .inner
-                .javascript
-                .get()
-                .map(|r| r.clone() as Arc<dyn SessionRuntime>),
-            _ => None,
-        }
-    }
-
     /// Saves `sb`'s live sessions to its state files and frees their instances; the next call
     /// in each restores it. Waits up to `wait` for a running call to end, then fails clearly.
     /// A session that cannot be saved stays live (its note says why).
@@ -91,7 +72,7 @@ impl Wasmbox {
                 }
                 continue;
             }
-            let Some(rt) = self.loaded_session_runtime(language) else {
+            let Some(rt) = self.inner.runtimes.loaded_session(language) else {
                 continue;
             };
             let gate = self.inner.sandboxes.state_gate(&sb.owner);
@@ -234,7 +215,7 @@ impl Wasmbox {
                 }
                 continue;
             }
-            let Some(rt) = self.loaded_session_runtime(language) else {
+            let Some(rt) = self.inner.runtimes.loaded_session(language) else {
                 continue;
             };
             let mut req = self.request(crate::ExecOptions {
@@ -401,7 +382,7 @@ impl Wasmbox {
             let to = snapshots::state_path(dir, language);
             // A session saved as it is (idle) is copied as its file, like one not live.
             let bytes = if guard.session.is_some() && !guard.saved {
-                let Some(rt) = self.loaded_session_runtime(language) else {
+                let Some(rt) = self.inner.runtimes.loaded_session(language) else {
                     continue;
                 };
                 let gate = budget::SnapshotGate {
@@ -623,7 +604,7 @@ impl Wasmbox {
         let Ok(mut g) = slot.try_lock() else {
             return false;
         };
-        let Some(rt) = self.loaded_session_runtime(language) else {
+        let Some(rt) = self.inner.runtimes.loaded_session(language) else {
             return false;
         };
         if g.session.is_none() {
@@ -701,7 +682,7 @@ impl Wasmbox {
             self.swap_out(sb, language);
         } else if !g.saved
             && save_idle.is_some_and(|d| idle_for >= d)
-            && let Some(rt) = self.loaded_session_runtime(language)
+            && let Some(rt) = self.inner.runtimes.loaded_session(language)
             && let Err(e) = sessions::save_slot(
                 &*rt,
                 &mut g,

@@ -1,0 +1,486 @@
+//! Running code: validating a request, the guest threads and CPU slots a call runs on,
+//! one-shots, runs in a sandbox (its session or a fresh instance), background jobs and
+//! async executions with their webhook.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::engine::limits::LimitHit;
+use crate::lang::{ExecRequest, ExecResult, Language};
+use crate::sandbox::Sandbox;
+use crate::sandbox::jobs::Job;
+use crate::{Error, Result, Wasmbox, bash_unavailable, cloud, config, engine, fit, lang, sandbox};
+
+/// What a caller asks for, before validation (the shape of the MCP tools' arguments).
+#[derive(Clone, Debug, Default)]
+pub struct ExecOptions {
+    pub language: String,
+    pub code: String,
+    pub env: BTreeMap<String, String>,
+    /// Seconds; `None` means the default (30 s).
+    pub timeout_secs: Option<f64>,
+    /// Linear-memory cap in MiB; `None` means the default (1024).
+    pub memory_mb: Option<u64>,
+    /// Echo the value of a final expression (default: no, like `python -c`).
+    pub echo: bool,
+    /// Raised when the caller gives up on the call (see [`ExecRequest::cancel`]).
+    pub cancel: Option<Arc<engine::limits::Stop>>,
+    /// Where the call's progress goes (see [`ExecRequest::progress`]).
+    pub progress: Option<engine::progress::ProgressSink>,
+    /// Whose call it is (see [`ExecRequest::owner`]); `None` is the local user.
+    pub owner: Option<engine::cpu::Owner>,
+}
+
+/// A blocking execution handed to a guest thread.
+type Run = Box<dyn FnOnce() -> Result<ExecResult> + Send>;
+
+impl Wasmbox {
+    /// Validates caller options into a request, with the errors a caller can act on.
+    pub fn request(&self, opts: ExecOptions) -> Result<ExecRequest> {
+        let cfg = &self.inner.config;
+        let language = Language::parse(&opts.language)?;
+        if opts.code.len() > cfg.max_code_bytes {
+            return Err(Error::invalid(format!(
+                "code is {} bytes; the limit is {} bytes",
+                opts.code.len(),
+                cfg.max_code_bytes
+            )));
+        }
+        let timeout = match opts.timeout_secs {
+            None => cfg.default_limits.timeout,
+            Some(t) if t.is_nan() || t <= 0.0 => {
+                return Err(Error::invalid(format!(
+                    "Invalid timeout {t}: timeout must be positive (seconds)"
+                )));
+            }
+            Some(t) if t > cfg.max_timeout.as_secs_f64() => {
+                return Err(Error::invalid(format!(
+                    "Invalid timeout {t}: the maximum is {} seconds",
+                    cfg.max_timeout.as_secs()
+                )));
+            }
+            Some(t) => Duration::from_secs_f64(t),
+        };
+        let memory_bytes = match opts.memory_mb {
+            None => cfg.default_limits.memory_bytes,
+            Some(m) => {
+                let bytes = (m as usize).saturating_mul(config::MIB);
+                if m == 0 || bytes > cfg.max_memory_bytes {
+                    return Err(Error::invalid(format!(
+                        "Invalid memory limit {m} MiB: it must be between 1 and {} MiB",
+                        cfg.max_memory_bytes / config::MIB
+                    )));
+                }
+                bytes
+            }
+        };
+        check_env(&opts.env)?;
+        Ok(ExecRequest {
+            language,
+            code: opts.code,
+            env: opts.env,
+            timeout,
+            memory_bytes,
+            output_bytes: cfg.default_limits.output_bytes,
+            echo: opts.echo,
+            place: None,
+            scratch_quota: cfg.oneshot_quota,
+            cancel: opts.cancel,
+            progress: opts.progress,
+            images: cfg.images,
+            owner: opts.owner.unwrap_or_else(|| sandbox::LOCAL_OWNER.into()),
+        })
+    }
+
+    /// Runs a one-shot: a fresh sandbox that has never run user code, dropped afterwards.
+    /// Bash goes to the HOPX cloud (a fresh cloud sandbox, deleted afterwards) when it is
+    /// configured, and fails with an error naming `HOPX_API_KEY` otherwise.
+    pub async fn execute(&self, req: ExecRequest) -> Result<ExecResult> {
+        if req.language == Language::Bash {
+            let route = cloud::RouteRequest {
+                language: Some(req.language.as_str()),
+                ..Default::default()
+            };
+            return self.execute_in_cloud(&req, &route).await;
+        }
+        let owner = req.owner.clone();
+        let run = self.runner(req).await?;
+        self.on_guest_thread(owner, run).await
+    }
+
+    /// Runs `req` in a fresh instance (not the session) on `sb`'s files and env: a command
+    /// (`python file.py`) or an isolated run with a sandbox id, like a new process would.
+    pub async fn execute_fresh_in(
+        &self,
+        sb: &Arc<Sandbox>,
+        mut req: ExecRequest,
+        working_dir: Option<&str>,
+    ) -> Result<ExecResult> {
+        self.place_in(sb, &mut req, working_dir, sb.stop.clone())?;
+        let owner = req.owner.clone();
+        let run = self.runner(req).await?;
+        self.on_guest_thread(owner, with_quota_note(sb, run)).await
+    }
+
+    /// The blocking run of `req` as a one-shot (in its `place` if it has one), with its
+    /// runtime loaded.
+    async fn runner(&self, req: ExecRequest) -> Result<Run> {
+        let progress = req.progress.as_ref();
+        Ok(match req.language {
+            Language::Bash => return Err(bash_unavailable()),
+            Language::Python => {
+                let (python, _) = self.load_python(progress).await?;
+                Box::new(move || Ok(python.run_oneshot(&req)?))
+            }
+            Language::Go => {
+                let (go, _) = self.load_go(progress).await?;
+                Box::new(move || Ok(go.run_oneshot(&req)?))
+            }
+            Language::JavaScript => {
+                let (js, _) = self.load_javascript(progress).await?;
+                Box::new(move || Ok(js.run_oneshot(&req)?))
+            }
+        })
+    }
+
+    /// Runs a blocking execution on a guest thread, holding a CPU slot (`owner`'s share of
+    /// them) while it computes. Waiting for the thread and the slot is bounded by the queue wait
+    /// (then: busy); the call's own deadline starts when it runs.
+    async fn on_guest_thread(&self, owner: engine::cpu::Owner, run: Run) -> Result<ExecResult> {
+        let cfg = &self.inner.config;
+        let queued = Instant::now();
+        let busy = move || {
+            Error::busy(format!(
+                "every execution slot ({} running at once, WASMBOX_CONCURRENCY) stayed taken for {:.0} s (WASMBOX_QUEUE_WAIT_S); try again shortly",
+                cfg.max_concurrency,
+                cfg.queue_wait.as_secs_f64()
+            ))
+        };
+        let _live = match tokio::time::timeout(cfg.queue_wait, self.inner.live.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => return Err(Error::busy("shutting down")),
+            Err(_) => return Err(busy()),
+        };
+        self.inner.executions.fetch_add(1, Ordering::Relaxed);
+        let cpu = self.inner.cpu.clone();
+        let wait = cfg.queue_wait.saturating_sub(queued.elapsed());
+        let refused = busy();
+        let t = Instant::now();
+        let r = self
+            .inner
+            .guests
+            .run(
+                move || match cpu.acquire(&owner, engine::cpu::Class::Foreground, wait) {
+                    Some(permit) => engine::cpu::CpuSlots::run_holding(permit, run),
+                    None => Err(refused),
+                },
+            )
+            .await;
+        tracing::debug!("execute: on guest thread {:?}", t.elapsed());
+        r
+    }
+
+    /// Runs `run` as background work on a thread of its own (it may last an hour and must not
+    /// hold a guest thread): it computes only in the slots background work may take, waits for
+    /// one until `stop` is raised (the guest then stops itself at once), and keeps its place
+    /// in the job budget until it ends.
+    fn spawn_background(
+        &self,
+        owner: engine::cpu::Owner,
+        name: String,
+        run: Run,
+        stop: Arc<engine::limits::Stop>,
+        ticket: sandbox::jobs::JobTicket,
+        done: impl FnOnce(Result<ExecResult>) + Send + 'static,
+    ) -> Result<()> {
+        let cpu = self.inner.cpu.clone();
+        self.inner.executions.fetch_add(1, Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name(name)
+            .stack_size(engine::GUEST_THREAD_STACK)
+            .spawn(move || {
+                let _ticket = ticket;
+                let since = Instant::now();
+                let permit = loop {
+                    let p = cpu.acquire_since(
+                        &owner,
+                        engine::cpu::Class::Background,
+                        since,
+                        Duration::from_millis(10),
+                    );
+                    if p.is_some() || stop.reason().is_some() {
+                        break p;
+                    }
+                };
+                let go = move || match permit {
+                    Some(p) => engine::cpu::CpuSlots::run_holding(p, run),
+                    None => run(),
+                };
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(go))
+                    .unwrap_or_else(|_| Err(Error::wasm("the job panicked")));
+                done(r);
+            })
+            .map(drop)
+            .map_err(|e| Error::busy(format!("starting a job thread: {e}")))
+    }
+
+    /// Readies `req` to run in `sb`: the sandbox is running and offers the language, the
+    /// working directory exists, and the env is the sandbox's plus the call's.
+    fn place_in(
+        &self,
+        sb: &Sandbox,
+        req: &mut ExecRequest,
+        working_dir: Option<&str>,
+        stop: Arc<engine::limits::Stop>,
+    ) -> Result<()> {
+        sb.check_running()?;
+        if req.language == Language::Bash {
+            return Err(bash_unavailable());
+        }
+        sb.check_language(req.language)?;
+        let cwd = sb
+            .fs
+            .working_dir(working_dir.unwrap_or(lang::guest::WORKSPACE_GUEST))?;
+        req.env = sb.env_with(&req.env);
+        req.place = Some(sb.place(cwd, stop));
+        // The work is the sandbox owner's, whoever the library was called by.
+        req.owner = sb.owner.as_str().into();
+        sb.executions.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Runs `req` in a persistent sandbox: Python and JavaScript in the sandbox's live session
+    /// for the language (started on first use, replaced after it ended), Go as a program in the
+    /// sandbox's workspace. `rich` collects plots and a final DataFrame (Python).
+    pub async fn execute_in(
+        &self,
+        sb: &Arc<Sandbox>,
+        mut req: ExecRequest,
+        working_dir: Option<&str>,
+        rich: bool,
+    ) -> Result<ExecResult> {
+        self.place_in(sb, &mut req, working_dir, sb.stop.clone())?;
+        let owner = req.owner.clone();
+        let run: Run = match sb.slot(req.language) {
+            Some(slot) => {
+                let rt = self
+                    .session_runtime(req.language, req.progress.as_ref())
+                    .await?;
+                let slot = slot.clone().lock_owned().await;
+                if slot.session.is_none() {
+                    self.make_room(&sb.id, req.language).await;
+                }
+                let path = sb.state_path(req.language);
+                let save_after = self.inner.config.sandbox.save_every_call;
+                let durable = self.inner.sandboxes.persistent();
+                let gate = self.inner.sandboxes.state_gate(&sb.owner);
+                Box::new(move || {
+                    let mut slot = slot;
+                    let keep = sandbox::sessions::Keep {
+                        state: &path,
+                        save_after,
+                        durable,
+                        gate: &gate,
+                    };
+                    sandbox::sessions::call(&mut slot, &*rt, &req, rich, &keep)
+                })
+            }
+            None => self.runner(req).await?,
+        };
+        self.on_guest_thread(owner, with_quota_note(sb, run)).await
+    }
+
+    /// Starts `req` as a background job of `sb`, in a fresh instance that shares the sandbox's
+    /// workspace and env (not its sessions), on a thread of its own. Returns at once.
+    pub async fn start_job(
+        &self,
+        sb: &Arc<Sandbox>,
+        mut req: ExecRequest,
+        working_dir: Option<&str>,
+        name: Option<String>,
+    ) -> Result<Arc<Job>> {
+        // Nobody waits on a job's call: it reports nothing.
+        req.progress = None;
+        let job = Job::new(name, req.language, req.output_bytes);
+        // A job's result carries no images: its figures are left alone.
+        req.images = None;
+        self.place_in(sb, &mut req, working_dir, job.stop.clone())?;
+        if let Some(p) = req.place.as_mut() {
+            p.output = Some(job.output());
+        }
+        let run = self.runner(req).await?;
+        let ticket = self.inner.jobs.try_take(&sb.owner)?;
+        sb.add_job(job.clone())?;
+        let (j, sb2) = (job.clone(), sb.clone());
+        let started = self.spawn_background(
+            sb.owner.as_str().into(),
+            format!("wasmbox-job-{}", job.id),
+            run,
+            job.stop.clone(),
+            ticket,
+            move |r| {
+                let r = r.map(|mut r| {
+                    quota_note(&sb2, &mut r);
+                    r
+                });
+                j.finish(r.map_err(|e| e.to_string()));
+            },
+        );
+        if let Err(e) = started {
+            job.finish(Err(e.to_string()));
+            return Err(e);
+        }
+        Ok(job)
+    }
+
+    /// Runs `req` (in `sb` as a background job, or as a one-shot) and POSTs the result to
+    /// `callback_url` when done. Returns the execution id at once.
+    pub async fn execute_async(
+        &self,
+        owner: &str,
+        sb: Option<&Arc<Sandbox>>,
+        req: ExecRequest,
+        working_dir: Option<&str>,
+        callback_url: &str,
+    ) -> Result<String> {
+        let url = sandbox::webhook::check_url(callback_url, &self.inner.config.webhook)?;
+        let me = self.clone();
+        let sandbox_id = sb.map(|s| s.id.clone());
+        let language = req.language;
+        // Nor does a webhook's payload.
+        let mut req = req;
+        req.images = None;
+        let (id, pending): (String, futures_like::Pending) = match sb {
+            Some(sb) => {
+                let job = self.start_job(sb, req, working_dir, None).await?;
+                let j = job.clone();
+                (
+                    job.id.clone(),
+                    Box::pin(async move {
+                        j.wait().await;
+                        j.result().unwrap_or_else(|| Err("the job vanished".into()))
+                    }),
+                )
+            }
+            None => {
+                let bytes = req.code.len();
+                let mut req = req;
+                req.progress = None;
+                let run = self.runner(req).await?;
+                let place = self.inner.jobs.take_queued(owner, bytes).await?;
+                let owner: engine::cpu::Owner = owner.into();
+                let me2 = self.clone();
+                let id = format!("exec_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+                let name = format!("wasmbox-async-{id}");
+                (
+                    id,
+                    Box::pin(async move {
+                        let ticket = match place {
+                            sandbox::jobs::Queued::Now(t) => t,
+                            sandbox::jobs::Queued::Later(p) => p.wait().await,
+                        };
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        let stop = Arc::new(engine::limits::Stop::default());
+                        me2.spawn_background(owner, name, run, stop, ticket, move |r| {
+                            let _ = tx.send(r);
+                        })
+                        .map_err(|e| e.to_string())?;
+                        match rx.await {
+                            Ok(r) => r.map_err(|e| e.to_string()),
+                            Err(_) => Err("the execution vanished".to_string()),
+                        }
+                    }),
+                )
+            }
+        };
+        let exec_id = id.clone();
+        tokio::spawn(async move {
+            let result = pending.await;
+            let mut payload = match &result {
+                Ok(r) => serde_json::json!({
+                    "status": if r.success { "completed" } else { "failed" },
+                    "stdout": r.stdout,
+                    "stderr": r.stderr,
+                    "exit_code": r.exit_code,
+                    "execution_time": r.execution_time,
+                    "success": r.success,
+                    "limit": r.limit,
+                    "truncated": r.truncated,
+                }),
+                Err(e) => serde_json::json!({
+                    "status": "failed", "stdout": "", "stderr": e, "exit_code": 1, "success": false,
+                    "truncated": false,
+                }),
+            };
+            payload["execution_id"] = serde_json::json!(exec_id);
+            payload["sandbox_id"] = serde_json::json!(sandbox_id);
+            payload["language"] = serde_json::json!(language);
+            // A payload is an answer too: within the budget, whatever the guest printed.
+            if fit::fit_value(&mut payload, me.inner.config.result_bytes) {
+                payload["truncated"] = serde_json::json!(true);
+            }
+            sandbox::webhook::deliver(&me.inner.http, url, &me.inner.webhook_key, payload).await;
+        });
+        Ok(id)
+    }
+}
+
+mod futures_like {
+    pub type Pending = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<crate::ExecResult, String>> + Send>,
+    >;
+}
+
+/// Resolves once `cancel` is raised; never without one. (A `Stop` is a plain atomic, so it is
+/// polled, at the pace guests check it.)
+pub async fn cancelled(cancel: Option<&engine::limits::Stop>) {
+    let Some(cancel) = cancel else {
+        return std::future::pending().await;
+    };
+    while cancel.reason().is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `run`, then [`quota_note`] on the same thread: confirming an over-quota count is a
+/// directory walk, which must not run on the async runtime's workers.
+fn with_quota_note(sb: &Arc<Sandbox>, run: Run) -> Run {
+    let sb = sb.clone();
+    Box::new(move || {
+        run().map(|mut r| {
+            quota_note(&sb, &mut r);
+            r
+        })
+    })
+}
+
+/// Marks a result whose run left the sandbox over its quota without being stopped for it
+/// (the space filled from elsewhere).
+fn quota_note(sb: &Sandbox, r: &mut ExecResult) {
+    if r.limit == Some(LimitHit::Disk) {
+        return;
+    }
+    if let Some(o) = sb.fs.over_quota() {
+        r.success = false;
+        r.limit.get_or_insert(LimitHit::Disk);
+        r.notes.push(format!(
+            "/workspace and /tmp are over their disk quota: {} bytes in {} files and directories (limits {} bytes, {} entries); remove files with file_remove or from code",
+            o.bytes, o.entries, o.quota.max_bytes, o.quota.max_entries
+        ));
+    }
+}
+
+/// Environment variables a guest can be given: names non-empty without `=` or NUL, values
+/// without NUL. (Checked for per-call env and for a sandbox's own.)
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<()> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(Error::invalid(format!(
+                "Invalid environment variable {k:?}: names must be non-empty without '=' or NUL, values without NUL"
+            )));
+        }
+    }
+    Ok(())
+}
