@@ -269,7 +269,7 @@ impl Wasmbox {
                     .session_runtime(req.language, req.progress.as_ref())
                     .await?;
                 let slot = slot.clone().lock_owned().await;
-                if slot.session.is_none() {
+                if !slot.is_live() {
                     self.make_room(&sb.id, req.language).await;
                 }
                 let path = sb.state_path(req.language);
@@ -278,13 +278,13 @@ impl Wasmbox {
                 let gate = self.inner.sandboxes.state_gate(&sb.owner);
                 Box::new(move || {
                     let mut slot = slot;
-                    let keep = sandbox::sessions::Keep {
+                    let keep = crate::session::slot::Keep {
                         state: &path,
                         save_after,
                         durable,
                         gate: &gate,
                     };
-                    sandbox::sessions::call(&mut slot, &*rt, &req, rich, &keep)
+                    slot.call(&*rt, &req, rich, &keep)
                 })
             }
             None => self.runner(req).await?,

@@ -5,7 +5,6 @@
 
 pub mod cloud;
 pub mod config;
-mod durable;
 pub mod engine;
 mod error;
 mod exec;
@@ -14,6 +13,7 @@ pub mod lang;
 pub mod mcp;
 mod runtimes;
 pub mod sandbox;
+pub mod session;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,7 +24,6 @@ use tokio::sync::Semaphore;
 use wasmtime::Engine;
 
 pub use config::Config;
-pub use durable::{PAUSE_WAIT, SavedSession};
 use engine::cache::ModuleCache;
 pub use engine::limits::{LimitHit, Limits};
 pub use error::{Error, Result};
@@ -33,6 +32,7 @@ use lang::LangError;
 pub use lang::{ExecRequest, ExecResult, Language};
 pub use runtimes::RuntimeStatus;
 use sandbox::Sandboxes;
+pub use session::{PAUSE_WAIT, SavedSession};
 
 /// The sandbox service: one engine, the loaded runtimes, and the limits.
 #[derive(Clone)]

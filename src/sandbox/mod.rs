@@ -23,7 +23,6 @@ pub mod jobs;
 mod meta;
 mod quarantine;
 mod registry;
-pub mod sessions;
 pub mod snapshots;
 mod templates;
 #[cfg(test)]
@@ -39,8 +38,8 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::engine::limits::{Stop, StopReason};
-use crate::lang::session::Session;
 use crate::lang::{Language, Place};
+use crate::session::{SESSION_LANGUAGES, SlotLock};
 use fs::{Quota, Workspace, rfc3339};
 use jobs::Job;
 use meta::Claim;
@@ -148,28 +147,6 @@ pub fn check_env_size(env: &BTreeMap<String, String>) -> Result<(), SandboxError
     }
     Ok(())
 }
-
-/// A session slot: the live session, or why the last one ended (said once, on the next call).
-/// A session saved to disk (paused, swapped out, or left by a previous server) is in the
-/// sandbox's state file instead, until the next call restores it.
-#[derive(Default)]
-pub struct Slot {
-    pub session: Option<Session>,
-    pub ended: Option<String>,
-    /// When its last call ended: idle sessions, and the least recently used ones when live
-    /// sessions reach their cap, are saved to disk and freed.
-    pub last_used: Option<std::time::Instant>,
-    /// The state file holds the live session as it is now: freeing it needs no new save.
-    pub saved: bool,
-    /// A marker says the live session has turns no file holds (see `sessions::call`).
-    pub unsaved_marked: bool,
-}
-
-/// A sandbox's slot for one language, held for the length of a call.
-pub type SlotLock = Arc<tokio::sync::Mutex<Slot>>;
-
-/// The languages whose sessions a sandbox keeps, in the order of [`Sandbox::slot`]'s slots.
-pub const SESSION_LANGUAGES: [Language; 2] = [Language::Python, Language::JavaScript];
 
 struct Lifetime {
     timeout: Duration,
@@ -440,7 +417,6 @@ impl Sandbox {
         self.fs.destroy();
     }
 
-    /// Stops the sandbox's running code and background jobs.
     /// The session slot for `language`, if the sandbox keeps sessions of it.
     pub fn slot(&self, language: Language) -> Option<&SlotLock> {
         let i = SESSION_LANGUAGES.iter().position(|l| *l == language)?;
