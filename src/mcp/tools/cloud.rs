@@ -79,16 +79,8 @@ impl WasmboxServer {
     ) -> ToolResult<ExecReply> {
         let sb = &csb.sandbox;
         let background = mode == Mode::Background;
-        let default = self.wasmbox.config().default_limits.timeout.as_secs_f64();
         let mut req = ExecuteRequest::new(a.language.clone(), a.code);
-        req.timeout = cloud_timeout(
-            a.timeout,
-            if background {
-                BACKGROUND_TIMEOUT
-            } else {
-                default
-            },
-        );
+        req.timeout = self.cloud_timeout(a.timeout, background);
         req.env = a.env.unwrap_or_default();
         req.workdir = a.working_dir.or_else(|| Some(WORKSPACE_GUEST.into()));
         let work = async {
@@ -116,16 +108,8 @@ impl WasmboxServer {
         background: bool,
     ) -> ToolResult<ExecReply> {
         let sb = &csb.sandbox;
-        let default = self.wasmbox.config().default_limits.timeout.as_secs_f64();
         let mut req = CommandRequest::new(a.command.clone());
-        req.timeout = cloud_timeout(
-            a.timeout,
-            if background {
-                BACKGROUND_TIMEOUT
-            } else {
-                default
-            },
-        );
+        req.timeout = self.cloud_timeout(a.timeout, background);
         req.env = a.env.unwrap_or_default();
         req.workdir = a.working_dir.or_else(|| Some(WORKSPACE_GUEST.into()));
         let budget = self.wasmbox.config().result_bytes;
@@ -206,9 +190,15 @@ impl WasmboxServer {
         };
         self.in_cloud("get_sandbox", csb, work).await
     }
-}
 
-/// A cloud call's timeout: the caller's or `default` seconds, within 1 s and the background cap.
-fn cloud_timeout(t: Option<f64>, default: f64) -> std::time::Duration {
-    std::time::Duration::from_secs_f64(t.unwrap_or(default).clamp(1.0, BACKGROUND_MAX_TIMEOUT))
+    /// A cloud call's timeout: the caller's, or the default for its kind (a background run's
+    /// is longer), within 1 s and the background cap.
+    fn cloud_timeout(&self, t: Option<f64>, background: bool) -> std::time::Duration {
+        let default = if background {
+            BACKGROUND_TIMEOUT
+        } else {
+            self.wasmbox.config().default_limits.timeout.as_secs_f64()
+        };
+        std::time::Duration::from_secs_f64(t.unwrap_or(default).clamp(1.0, BACKGROUND_MAX_TIMEOUT))
+    }
 }
