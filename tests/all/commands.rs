@@ -463,3 +463,92 @@ async fn cloud_sandbox_lifetimes_are_capped_and_always_sent() {
     fake.assert_clean();
     c.cancel().await.unwrap();
 }
+
+/// Every tool that takes a sandbox, given a cloud sandbox's id, goes to the cloud (its answer,
+/// or its failure, says `location: "cloud"`) or says it works on local sandboxes only: none
+/// takes the id for a local sandbox and answers "not found". Listed from `tools/list`, so a
+/// new tool is checked with no list here to update.
+#[tokio::test]
+async fn every_tool_on_a_cloud_sandbox_goes_to_the_cloud_or_says_it_cannot() {
+    let fake = FakeHopx::start().await;
+    let base = fake.base_url();
+    let c = server_with_env(&[("HOPX_API_KEY", API_KEY), ("HOPX_BASE_URL", &base)]).await;
+    let s = ok(
+        &c,
+        "create_sandbox",
+        json!({"template_id": "code-interpreter", "internet_access": true}),
+    )
+    .await;
+    let id = s["id"].as_str().unwrap().to_string();
+    let mut tools = c.list_all_tools().await.unwrap();
+    // Deleting it goes last.
+    tools.sort_by_key(|t| t.name == "delete_sandbox");
+    let mut checked = Vec::new();
+    for t in tools {
+        let required: Vec<String> = t
+            .input_schema
+            .get("required")
+            .and_then(|r| r.as_array())
+            .map(|r| {
+                r.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let key = ["sandbox_id", "id"]
+            .into_iter()
+            .find(|k| t.input_schema["properties"].get(*k).is_some());
+        let Some(key) = key else { continue };
+        let mut args = serde_json::Map::new();
+        for r in &required {
+            let v = match r.as_str() {
+                "sandbox_id" | "id" => json!(id),
+                "path" => json!("/workspace/x.txt"),
+                "content" => json!("x"),
+                "content_base64" => json!("eA=="),
+                "code" => json!("print(1)"),
+                "language" => json!("python"),
+                "command" => json!("echo hi"),
+                "process_id" => json!("p1"),
+                "env_vars" => json!({"K": "v"}),
+                "timeout_seconds" => json!(60),
+                "callback_url" => json!("http://127.0.0.1:9/x"),
+                "port" => json!(8080),
+                other => panic!("{}: no test value for required argument {other}", t.name),
+            };
+            args.insert(r.clone(), v);
+        }
+        args.insert(key.into(), json!(id));
+        if t.name == "execute_code" {
+            args.insert("mode".into(), json!("persistent"));
+        }
+        let r = call(&c, &t.name, serde_json::Value::Object(args)).await;
+        let v = object(&r);
+        let cloud = v["location"] == "cloud";
+        let local_only = is_error(&r) && v["error"] == "Not supported for cloud sandboxes";
+        assert!(
+            cloud || local_only,
+            "{} on a cloud sandbox answered neither from the cloud nor that it cannot: {v}",
+            t.name
+        );
+        checked.push((t.name.to_string(), cloud));
+    }
+    let cloud_tools: Vec<&str> = checked
+        .iter()
+        .filter(|(_, cloud)| *cloud)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    for n in [
+        "execute_code",
+        "run_command",
+        "file_read",
+        "env_get",
+        "delete_sandbox",
+    ] {
+        assert!(
+            cloud_tools.contains(&n),
+            "{n} has a cloud path: {checked:?}"
+        );
+    }
+    c.cancel().await.unwrap();
+}

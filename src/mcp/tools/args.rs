@@ -24,7 +24,6 @@ pub struct SandboxArgs {
 #[derive(Deserialize, JsonSchema)]
 pub struct OptionalSandboxArgs {
     #[serde(default)]
-    #[allow(dead_code)]
     pub sandbox_id: Option<String>,
 }
 

@@ -1,19 +1,20 @@
-//! Calls on a HOPX cloud sandbox, forwarded as a whole; results keep the local shapes, with
-//! `location: "cloud"`.
-
-use std::sync::Arc;
+//! What the tools' cloud paths share: each tool on a sandbox handles a HOPX cloud sandbox in
+//! place ([`super::Target::Cloud`]) through [`WasmboxServer::in_cloud`], and the answers keep
+//! the local shapes, with `location: "cloud"`.
 
 use rmcp::model::{CallToolResult, JsonObject};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::WasmboxServer;
-use super::commands::{KillArgs, ProcessesArgs, RunCommandArgs};
-use super::env::{EnvReply, EnvSetArgs};
-use super::exec::{BACKGROUND_MAX_TIMEOUT, BACKGROUND_TIMEOUT, ExecuteCodeArgs, Mode};
+use super::commands::{ProcessList, RunCommandArgs};
+use super::exec::{BACKGROUND_MAX_TIMEOUT, BACKGROUND_TIMEOUT, ExecuteInSandboxArgs, Mode};
 use super::exec_reply::{ExecReply, exec_error, fit_output};
-use super::files::{FileListArgs, FileWriteArgs, PathArgs, ReadArgs, cloud_text_window, listing};
-use super::reply::{error_result, fit_list, max_results, ok_result, output_share};
+use super::reply::{
+    Reply, ToolError, ToolResult, error_result, fit_list, max_results, output_share,
+};
+use super::sandboxes::SandboxReply;
+use crate::cloud::{CloudError, CommandRequest, ExecuteRequest};
 use crate::lang::guest::WORKSPACE_GUEST;
 use crate::sandbox::fs::rfc3339;
 
@@ -28,199 +29,22 @@ pub fn parse<T: DeserializeOwned>(tool: &str, args: JsonObject) -> Result<T, Cal
 }
 
 impl WasmboxServer {
-    /// Forwards a call on a cloud sandbox to HOPX; results keep the local shapes, with
-    /// `location: "cloud"`.
-    pub(super) async fn cloud_dispatch(
+    /// A tool's cloud path: `work` on cloud sandbox `csb`, dropped (and with it the request to
+    /// HOPX) when the call is cancelled. The answer says `location: "cloud"`; a failure comes
+    /// back in HOPX's error shape.
+    pub(super) async fn in_cloud<T>(
         &self,
-        name: &str,
-        args: JsonObject,
-        csb: Arc<crate::CloudSandbox>,
-    ) -> CallToolResult {
-        use crate::cloud::{CommandRequest, ExecuteRequest};
-        let sb = &csb.sandbox;
-        let n = name;
-        let default = self.wasmbox.config().default_limits.timeout.as_secs_f64();
-        let secs = |t: Option<f64>, d: f64| {
-            std::time::Duration::from_secs_f64(t.unwrap_or(d).clamp(1.0, BACKGROUND_MAX_TIMEOUT))
-        };
-        macro_rules! args {
-            ($ty:ty) => {
-                match parse::<$ty>(n, args) {
-                    Ok(a) => a,
-                    Err(r) => return r,
-                }
-            };
-        }
-        let out: Result<Value, crate::cloud::CloudError> = match name {
-            "execute_code"
-            | "execute_code_persistent"
-            | "execute_code_rich"
-            | "execute_code_background"
-            | "execute_code_isolated" => {
-                let a = args!(ExecuteCodeArgs);
-                let mode = match name {
-                    "execute_code_persistent" => Mode::Persistent,
-                    "execute_code_rich" => Mode::Rich,
-                    "execute_code_background" => Mode::Background,
-                    "execute_code_isolated" => Mode::Isolated,
-                    _ => a.mode.unwrap_or(Mode::Isolated),
-                };
-                let background = mode == Mode::Background;
-                let mut req = ExecuteRequest::new(a.language.clone(), a.code);
-                req.timeout = secs(
-                    a.timeout,
-                    if background {
-                        BACKGROUND_TIMEOUT
-                    } else {
-                        default
-                    },
-                );
-                req.env = a.env.unwrap_or_default();
-                req.workdir = a.working_dir.or_else(|| Some(WORKSPACE_GUEST.into()));
-                if background {
-                    sb.execute_background(&req, a.name.as_deref())
-                        .await
-                        .map(|mut v| {
-                            v["mode"] = json!("background");
-                            v["sandbox_id"] = json!(csb.id);
-                            v
-                        })
-                } else {
-                    sb.execute(&req).await.map(|r| {
-                        let language =
-                            crate::Language::parse(&a.language).unwrap_or(crate::Language::Bash);
-                        let mut r = r.into_exec_result(language);
-                        r.cloud_sandbox_id = Some(sb.id().to_string());
-                        let reply = ExecReply::run(&r, mode.as_str(), &csb.id);
-                        self.answer(reply, &r, mode == Mode::Rich).into_value()
-                    })
-                }
-            }
-            "run_command" | "run_command_background" => {
-                let a = args!(RunCommandArgs);
-                let bg = name == "run_command_background";
-                let mut req = CommandRequest::new(a.command.clone());
-                req.timeout = secs(a.timeout, if bg { BACKGROUND_TIMEOUT } else { default });
-                req.env = a.env.unwrap_or_default();
-                req.workdir = a.working_dir.or_else(|| Some(WORKSPACE_GUEST.into()));
-                if bg {
-                    sb.run_command_background(&req).await
-                } else {
-                    sb.run_command(&req).await.map(|r| {
-                        let mut v = json!({"stdout": r.stdout, "stderr": r.stderr,
-                               "exit_code": r.exit_code, "execution_time": r.execution_time});
-                        let budget = self.wasmbox.config().result_bytes;
-                        fit_output(&mut v, &Default::default(), budget);
-                        v
-                    })
-                }
-            }
-            "file_read" => {
-                let a = args!(ReadArgs);
-                let budget = self.wasmbox.config().result_bytes;
-                sb.read_file(&a.path)
-                    .await
-                    .map(|c| cloud_text_window(a, &c, budget))
-            }
-            "file_write" => {
-                let a = args!(FileWriteArgs);
-                sb.write_file(&a.path, &a.content)
-                    .await
-                    .map(|()| json!({"path": a.path, "size": a.content.chars().count()}))
-            }
-            "file_list" => {
-                let a = args!(FileListArgs);
-                let budget = self.wasmbox.config().result_bytes;
-                sb.list_files(&a.path)
-                    .await
-                    .map(|files| listing(&a.path, &files, a.max_results, budget))
-            }
-            "file_exists" => {
-                let a = args!(PathArgs);
-                sb.file_exists(&a.path)
-                    .await
-                    .map(|e| json!({"path": a.path, "exists": e}))
-            }
-            "file_remove" => {
-                let a = args!(PathArgs);
-                sb.remove_file(&a.path)
-                    .await
-                    .map(|()| json!({"status": "removed", "path": a.path}))
-            }
-            "file_mkdir" => {
-                let a = args!(PathArgs);
-                sb.mkdir(&a.path)
-                    .await
-                    .map(|()| json!({"status": "created", "path": a.path}))
-            }
-            "env_get" => sb.env_get().await.map(|e| json!({"env_vars": e})),
-            "env_clear" => sb.env_clear().await.map(|()| json!({"status": "cleared"})),
-            "env_set" => {
-                let a = args!(EnvSetArgs);
-                sb.env_set(&a.env_vars, a.merge)
-                    .await
-                    .map(|_| json!(EnvReply::set(&a.env_vars, a.merge)))
-            }
-            "execute_list_processes" | "list_processes" => {
-                let max = args
-                    .get("max_results")
-                    .and_then(Value::as_i64)
-                    .unwrap_or_else(ProcessesArgs::default_max);
-                let budget = self.wasmbox.config().result_bytes;
-                sb.list_processes().await.map(|p| {
-                    let total = p.len();
-                    let shown = max_results(max, total);
-                    let share = output_share(budget, shown);
-                    let p = p.into_iter().take(shown).map(|mut p| {
-                        for k in ["stdout", "stderr"] {
-                            if let Some(s) = p[k].as_str() {
-                                let kept = crate::sandbox::fs::json_prefix(s, share);
-                                if kept.len() < s.len() {
-                                    p[k] = json!(kept);
-                                    p["output_truncated"] = json!(true);
-                                }
-                            }
-                        }
-                        p
-                    });
-                    fit_list(json!({}), "processes", p, total, shown < total, budget)
-                })
-            }
-            "execute_kill_process" => {
-                let a = args!(KillArgs);
-                sb.kill_process(&a.process_id)
-                    .await
-                    .map(|_| json!({"status": "killed", "process_id": a.process_id}))
-            }
-            "delete_sandbox" => {
-                let r = sb
-                    .delete()
-                    .await
-                    .map(|()| json!({"status": "deleted", "id": csb.id}));
-                if r.is_ok() {
-                    self.wasmbox.forget_cloud_sandbox(&csb.id);
-                }
-                r
-            }
-            "get_sandbox" => match self.wasmbox.cloud() {
-                Ok(client) => client.get_sandbox(sb.id()).await.map(|info| {
-                    json!({
-                        "id": csb.id,
-                        "status": info.status,
-                        "template_id": info.template_id,
-                        "template_name": info.template_name.unwrap_or_else(|| csb.template.clone()),
-                        "timeout_seconds": csb.timeout_seconds,
-                        "created_at": rfc3339(csb.created_at),
-                    })
-                }),
-                Err(e) => return error_result(exec_error("cloud", &e, None).0),
-            },
-            other => {
-                return error_result(json!({
-                    "error": "Not supported for cloud sandboxes",
-                    "message": format!("{other} is not available for cloud sandbox {}; it works on local sandboxes", csb.id),
-                    "sandbox_id": csb.id,
-                }));
+        tool: &str,
+        csb: &crate::CloudSandbox,
+        work: impl Future<Output = Result<Value, CloudError>>,
+    ) -> ToolResult<T> {
+        let cancel = super::call_cancel();
+        let out = tokio::select! {
+            r = work => r,
+            _ = crate::cancelled(cancel.as_deref()) => {
+                return Err(ToolError::new(
+                    exec_error("cloud", &crate::Error::Cancelled(""), None).0,
+                ));
             }
         };
         match out {
@@ -228,20 +52,153 @@ impl WasmboxServer {
                 if v.is_object() {
                     v["location"] = json!("cloud");
                 }
-                ok_result(v)
+                Ok(Reply::json(v))
             }
             Err(e) => {
-                let gone = matches!(e, crate::cloud::CloudError::NotFound { .. });
-                error_result(json!({
-                    "error": if gone { "Not found".to_string() } else { format!("{name} failed in the cloud") },
+                let gone = matches!(e, CloudError::NotFound { .. });
+                Err(ToolError::new(json!({
+                    "error": if gone { "Not found".to_string() } else { format!("{tool} failed in the cloud") },
                     "exception": e.to_string(),
                     "sandbox_id": csb.id,
                     "stdout": "",
                     "stderr": e.to_string(),
                     "exit_code": 1,
                     "location": "cloud",
-                }))
+                })))
             }
         }
+    }
+
+    /// Code run on a cloud sandbox (`execute_code` and its mode tools).
+    pub(super) async fn execute_in_cloud(
+        &self,
+        csb: &crate::CloudSandbox,
+        tool: &str,
+        mode: Mode,
+        a: ExecuteInSandboxArgs,
+    ) -> ToolResult<ExecReply> {
+        let sb = &csb.sandbox;
+        let background = mode == Mode::Background;
+        let mut req = ExecuteRequest::new(a.language.clone(), a.code);
+        req.timeout = self.cloud_timeout(a.timeout, background);
+        req.env = a.env.unwrap_or_default();
+        req.workdir = a.working_dir.or_else(|| Some(WORKSPACE_GUEST.into()));
+        let work = async {
+            if background {
+                let mut v = sb.execute_background(&req, a.name.as_deref()).await?;
+                v["mode"] = json!("background");
+                v["sandbox_id"] = json!(csb.id);
+                return Ok(v);
+            }
+            let r = sb.execute(&req).await?;
+            let language = crate::Language::parse(&a.language).unwrap_or(crate::Language::Bash);
+            let mut r = r.into_exec_result(language);
+            r.cloud_sandbox_id = Some(sb.id().to_string());
+            let reply = ExecReply::run(&r, mode.as_str(), &csb.id);
+            Ok(self.answer(reply, &r, mode == Mode::Rich).into_value())
+        };
+        self.in_cloud(tool, csb, work).await
+    }
+
+    /// A command run on a cloud sandbox (`run_command`, `run_command_background`).
+    pub(super) async fn command_in_cloud(
+        &self,
+        csb: &crate::CloudSandbox,
+        a: RunCommandArgs,
+        background: bool,
+    ) -> ToolResult<ExecReply> {
+        let sb = &csb.sandbox;
+        let mut req = CommandRequest::new(a.command.clone());
+        req.timeout = self.cloud_timeout(a.timeout, background);
+        req.env = a.env.unwrap_or_default();
+        req.workdir = a.working_dir.or_else(|| Some(WORKSPACE_GUEST.into()));
+        let budget = self.wasmbox.config().result_bytes;
+        let tool = if background {
+            "run_command_background"
+        } else {
+            "run_command"
+        };
+        let work = async {
+            if background {
+                return sb.run_command_background(&req).await;
+            }
+            let r = sb.run_command(&req).await?;
+            let mut v = json!({"stdout": r.stdout, "stderr": r.stderr,
+                   "exit_code": r.exit_code, "execution_time": r.execution_time});
+            fit_output(&mut v, &Default::default(), budget);
+            Ok(v)
+        };
+        self.in_cloud(tool, csb, work).await
+    }
+
+    /// A cloud sandbox's processes, each one's output within its share of the budget.
+    pub(super) async fn processes_in_cloud(
+        &self,
+        tool: &str,
+        csb: &crate::CloudSandbox,
+        max: i64,
+    ) -> ToolResult<ProcessList> {
+        let budget = self.wasmbox.config().result_bytes;
+        let work = async {
+            let p = csb.sandbox.list_processes().await?;
+            let total = p.len();
+            let shown = max_results(max, total);
+            let share = output_share(budget, shown);
+            let p = p.into_iter().take(shown).map(|mut p| {
+                for k in ["stdout", "stderr"] {
+                    if let Some(s) = p[k].as_str() {
+                        let kept = crate::fit::json_prefix(s, share);
+                        if kept.len() < s.len() {
+                            p[k] = json!(kept);
+                            p["output_truncated"] = json!(true);
+                        }
+                    }
+                }
+                p
+            });
+            Ok(fit_list(
+                json!({}),
+                "processes",
+                p,
+                total,
+                shown < total,
+                budget,
+            ))
+        };
+        self.in_cloud(tool, csb, work).await
+    }
+
+    /// A cloud sandbox as `get_sandbox` describes it.
+    pub(super) async fn info_in_cloud(
+        &self,
+        csb: &crate::CloudSandbox,
+    ) -> ToolResult<SandboxReply> {
+        let client = self
+            .wasmbox
+            .cloud()
+            .map_err(|e| ToolError::new(exec_error("cloud", &e, None).0))?;
+        let work = async {
+            let info = client.get_sandbox(csb.sandbox.id()).await?;
+            Ok(json!({
+                "id": csb.id,
+                "status": info.status,
+                "template_id": info.template_id,
+                "template_name": info.template_name.unwrap_or_else(|| csb.template.clone()),
+                "timeout_seconds": csb.timeout_seconds,
+                "created_at": rfc3339(csb.created_at),
+            }))
+        };
+        self.in_cloud("get_sandbox", csb, work).await
+    }
+
+    /// A cloud call's timeout: the caller's, or the default for its kind (a background run's
+    /// is longer), within 1 s and the background cap.
+    fn cloud_timeout(&self, t: Option<f64>, background: bool) -> std::time::Duration {
+        let default = if background {
+            BACKGROUND_TIMEOUT
+        } else {
+            self.wasmbox.config().default_limits.timeout.as_secs_f64()
+        };
+        std::time::Duration::from_secs_f64(t.unwrap_or(default).clamp(1.0, BACKGROUND_MAX_TIMEOUT))
     }
 }

@@ -7,11 +7,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::WasmboxServer;
 use super::args::{Env, lenient, lenient_opt};
 use super::exec::{BACKGROUND_MAX_TIMEOUT, BACKGROUND_TIMEOUT};
 use super::exec_reply::ExecReply;
 use super::reply::{Reply, ToolError, ToolResult, fit_list, max_results, output_share, schema};
+use super::{Target, WasmboxServer};
 use crate::lang::guest::WORKSPACE_GUEST;
 use crate::lang::python::literal;
 use crate::sandbox::Sandbox;
@@ -45,12 +45,6 @@ pub struct ProcessesArgs {
     /// At most this many (<= 0: all).
     #[serde(default = "default_max_processes", deserialize_with = "lenient")]
     pub max_results: i64,
-}
-
-impl ProcessesArgs {
-    pub fn default_max() -> i64 {
-        default_max_processes()
-    }
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -120,7 +114,7 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<ProcessesArgs>,
     ) -> ToolResult<ProcessList> {
-        self.list_jobs(a)
+        self.list_jobs("execute_list_processes", a).await
     }
 
     #[tool(
@@ -134,7 +128,7 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<ProcessesArgs>,
     ) -> ToolResult<ProcessList> {
-        self.list_jobs(a)
+        self.list_jobs("list_processes", a).await
     }
 
     #[tool(
@@ -148,7 +142,16 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<KillArgs>,
     ) -> ToolResult<Killed> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => {
+                let work = async {
+                    c.sandbox.kill_process(&a.process_id).await?;
+                    Ok(json!({"status": "killed", "process_id": a.process_id}))
+                };
+                return self.in_cloud("execute_kill_process", &c, work).await;
+            }
+        };
         let job = sb.job(&a.process_id).map_err(|e| {
             ToolError::new(json!({
                 "error": "Failed to kill process",
@@ -171,8 +174,11 @@ impl WasmboxServer {
 }
 
 impl WasmboxServer {
-    fn list_jobs(&self, a: ProcessesArgs) -> ToolResult<ProcessList> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+    async fn list_jobs(&self, tool: &str, a: ProcessesArgs) -> ToolResult<ProcessList> {
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => return self.processes_in_cloud(tool, &c, a.max_results).await,
+        };
         let budget = self.wasmbox.config().result_bytes;
         Ok(Reply::json(sb.with_jobs(|jobs| {
             let total = jobs.len();
@@ -203,16 +209,16 @@ impl WasmboxServer {
                 "command": a.command,
             }))
         };
-        let sb = self
-            .wasmbox
-            .sandboxes()
-            .get(&a.sandbox_id, &self.owner)
-            .map_err(|e| {
-                super::not_found(&e, "sandbox_id", &a.sandbox_id)
-                    .with("stdout", "")
-                    .with("stderr", e.to_string())
-                    .with("exit_code", 1)
-            })?;
+        let target = self.target(&a.sandbox_id, "sandbox_id").map_err(|e| {
+            let why = e.0["message"].clone();
+            e.with("stdout", "")
+                .with("stderr", why)
+                .with("exit_code", 1)
+        })?;
+        let sb = match target {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => return self.command_in_cloud(&c, a, background).await,
+        };
         let local = match crate::cloud::classify_command(&a.command) {
             crate::cloud::CommandClass::Local(l) => l,
             crate::cloud::CommandClass::NeedsShell(why) => {

@@ -8,9 +8,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::WasmboxServer;
 use super::args::{SandboxArgs, lenient};
 use super::reply::{Reply, ToolError, ToolResult, schema};
+use super::{Target, WasmboxServer};
 
 fn default_true() -> bool {
     true
@@ -79,7 +79,13 @@ impl WasmboxServer {
         output_schema = schema::<EnvReply>()
     )]
     async fn env_get(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<EnvReply> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => {
+                let work = async { Ok(json!({"env_vars": c.sandbox.env_get().await?})) };
+                return self.in_cloud("env_get", &c, work).await;
+            }
+        };
         Ok(Reply::new(EnvReply {
             env_vars: Some(sb.env()),
             status: None,
@@ -95,7 +101,16 @@ impl WasmboxServer {
         output_schema = schema::<EnvReply>()
     )]
     async fn env_set(&self, Parameters(a): Parameters<EnvSetArgs>) -> ToolResult<EnvReply> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => {
+                let work = async {
+                    c.sandbox.env_set(&a.env_vars, a.merge).await?;
+                    Ok(json!(EnvReply::set(&a.env_vars, a.merge)))
+                };
+                return self.in_cloud("env_set", &c, work).await;
+            }
+        };
         let failed = |e: String| {
             ToolError::new(json!({
                 "error": "Failed to set environment variables",
@@ -116,7 +131,16 @@ impl WasmboxServer {
         output_schema = schema::<EnvReply>()
     )]
     async fn env_clear(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<EnvReply> {
-        self.sandbox(&a.sandbox_id, "sandbox_id")?.clear_env();
+        match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb.clear_env(),
+            Target::Cloud(c) => {
+                let work = async {
+                    c.sandbox.env_clear().await?;
+                    Ok(json!({"status": "cleared"}))
+                };
+                return self.in_cloud("env_clear", &c, work).await;
+            }
+        }
         Ok(Reply::new(EnvReply::status("cleared")))
     }
 }

@@ -12,7 +12,7 @@ use serde_json::json;
 use super::args::{Env, default_language, language_schema, lenient_opt};
 use super::exec_reply::{ExecReply, exec_error};
 use super::reply::{Reply, ToolError, ToolResult, schema};
-use super::{WasmboxServer, call_cancel};
+use super::{Target, WasmboxServer, call_cancel};
 use crate::{Error, ExecOptions};
 
 /// A background job's deadline when none is given, and the longest one allowed (seconds).
@@ -119,31 +119,31 @@ pub struct ExecuteCodeArgs {
 #[derive(Deserialize, JsonSchema)]
 pub struct ExecuteInSandboxArgs {
     /// The sandbox id (from create_sandbox).
-    sandbox_id: String,
+    pub(super) sandbox_id: String,
     /// The code to run.
-    code: String,
+    pub(super) code: String,
     #[serde(default = "default_language")]
     #[schemars(schema_with = "language_schema")]
-    language: String,
+    pub(super) language: String,
     /// Deadline in seconds (default 30, max 300; background: default 300, max 3600).
     #[serde(default, deserialize_with = "lenient_opt")]
     #[schemars(range(min = 0.001, max = 3600))]
-    timeout: Option<f64>,
+    pub(super) timeout: Option<f64>,
     #[serde(default, deserialize_with = "lenient_opt")]
-    env: Env,
+    pub(super) env: Env,
     /// Working directory (default /workspace).
     #[serde(default)]
-    working_dir: Option<String>,
+    pub(super) working_dir: Option<String>,
     /// Print the value of a final expression (default true).
     #[serde(default, deserialize_with = "lenient_opt")]
-    echo: Option<bool>,
+    pub(super) echo: Option<bool>,
     /// Background job name (execute_code_background).
     #[serde(default)]
-    name: Option<String>,
+    pub(super) name: Option<String>,
     /// Accepted for HOPX compatibility (execute_code_rich always captures).
     #[serde(default, deserialize_with = "lenient_opt")]
     #[allow(dead_code)]
-    capture_rich: Option<bool>,
+    pub(super) capture_rich: Option<bool>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -200,9 +200,16 @@ impl WasmboxServer {
         Parameters(a): Parameters<ExecuteCodeArgs>,
     ) -> ToolResult<ExecReply> {
         let mode = a.mode.unwrap_or(Mode::Isolated);
-        match (mode, a.sandbox_id.filter(|s| !s.is_empty())) {
-            (Mode::Isolated, None) => {
-                self.one_shot(OneShot {
+        let Some(id) = a.sandbox_id.filter(|s| !s.is_empty()) else {
+            if mode != Mode::Isolated {
+                return Err(ToolError::new(json!({
+                    "error": "Missing sandbox_id",
+                    "message": format!("Mode '{}' requires sandbox_id. Create sandbox first with create_sandbox() or use mode='isolated'.", mode.as_str()),
+                    "mode": mode.as_str(),
+                })));
+            }
+            return self
+                .one_shot(OneShot {
                     code: a.code,
                     language: a.language,
                     timeout: a.timeout,
@@ -211,53 +218,48 @@ impl WasmboxServer {
                     template: a.template_name,
                     internet_access: a.internet_access.unwrap_or(false),
                 })
-                .await
-            }
-            (Mode::Isolated, Some(id)) => {
-                // HOPX runs it in the existing sandbox; here: its workspace and env, a fresh
-                // interpreter (the session is left alone).
-                let sb = self.sandbox(&id, "sandbox_id")?;
-                let lang = a.language.clone();
-                let fail = |e: Error| exec_error("isolated", &e, Some(&lang));
-                let max = self.wasmbox.config().max_timeout.as_secs_f64();
-                let echo = a.echo.unwrap_or(false);
-                let req = self
-                    .request(&a.language, a.code, a.timeout, a.env, echo, max)
-                    .map_err(fail)?;
-                let r = self
-                    .wasmbox
-                    .execute_fresh_in(&sb, req, a.working_dir.as_deref())
-                    .await
-                    .map_err(fail)?;
-                let reply = ExecReply {
-                    note: Some(format!(
-                        "Executed in existing sandbox {} (isolated mode with sandbox_id): its files and env, a fresh interpreter",
-                        sb.id
-                    )),
-                    ..ExecReply::run(&r, "isolated", &sb.id)
-                };
-                Ok(self.answer(reply, &r, false))
-            }
-            (mode, None) => Err(ToolError::new(json!({
-                "error": "Missing sandbox_id",
-                "message": format!("Mode '{}' requires sandbox_id. Create sandbox first with create_sandbox() or use mode='isolated'.", mode.as_str()),
-                "mode": mode.as_str(),
-            }))),
-            (mode, Some(id)) => {
-                let a = ExecuteInSandboxArgs {
-                    sandbox_id: id,
-                    code: a.code,
-                    language: a.language,
-                    timeout: a.timeout,
-                    env: a.env,
-                    working_dir: a.working_dir,
-                    echo: a.echo,
-                    name: a.name,
-                    capture_rich: None,
-                };
-                self.in_sandbox(mode, a).await
-            }
+                .await;
+        };
+        let a = ExecuteInSandboxArgs {
+            sandbox_id: id,
+            code: a.code,
+            language: a.language,
+            timeout: a.timeout,
+            env: a.env,
+            working_dir: a.working_dir,
+            echo: a.echo,
+            name: a.name,
+            capture_rich: None,
+        };
+        if mode != Mode::Isolated {
+            return self.in_sandbox("execute_code", mode, a).await;
         }
+        // HOPX runs it in the existing sandbox; here: its workspace and env, a fresh
+        // interpreter (the session is left alone).
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => return self.execute_in_cloud(&c, "execute_code", mode, a).await,
+        };
+        let lang = a.language.clone();
+        let fail = |e: Error| exec_error("isolated", &e, Some(&lang));
+        let max = self.wasmbox.config().max_timeout.as_secs_f64();
+        let echo = a.echo.unwrap_or(false);
+        let req = self
+            .request(&a.language, a.code, a.timeout, a.env, echo, max)
+            .map_err(fail)?;
+        let r = self
+            .wasmbox
+            .execute_fresh_in(&sb, req, a.working_dir.as_deref())
+            .await
+            .map_err(fail)?;
+        let reply = ExecReply {
+            note: Some(format!(
+                "Executed in existing sandbox {} (isolated mode with sandbox_id): its files and env, a fresh interpreter",
+                sb.id
+            )),
+            ..ExecReply::run(&r, "isolated", &sb.id)
+        };
+        Ok(self.answer(reply, &r, false))
     }
 
     #[tool(
@@ -294,7 +296,8 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<ExecuteInSandboxArgs>,
     ) -> ToolResult<ExecReply> {
-        self.in_sandbox(Mode::Persistent, a).await
+        self.in_sandbox("execute_code_persistent", Mode::Persistent, a)
+            .await
     }
 
     #[tool(
@@ -308,7 +311,7 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<ExecuteInSandboxArgs>,
     ) -> ToolResult<ExecReply> {
-        self.in_sandbox(Mode::Rich, a).await
+        self.in_sandbox("execute_code_rich", Mode::Rich, a).await
     }
 
     #[tool(
@@ -322,7 +325,8 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<ExecuteInSandboxArgs>,
     ) -> ToolResult<ExecReply> {
-        self.in_sandbox(Mode::Background, a).await
+        self.in_sandbox("execute_code_background", Mode::Background, a)
+            .await
     }
 
     #[tool(
@@ -337,7 +341,7 @@ impl WasmboxServer {
         Parameters(a): Parameters<ExecuteAsyncArgs>,
     ) -> ToolResult<ExecReply> {
         let sb = match a.sandbox_id.as_deref().filter(|s| !s.is_empty()) {
-            Some(id) => Some(self.sandbox(id, "sandbox_id")?),
+            Some(id) => Some(self.local_sandbox(id, "sandbox_id", "execute_code_async")?),
             None => None,
         };
         // A sandbox's async execution is a background job; without one it is a one-shot, under
@@ -413,9 +417,18 @@ impl WasmboxServer {
         reply.answer(r, self.wasmbox.config().result_bytes, rich)
     }
 
-    async fn in_sandbox(&self, mode: Mode, a: ExecuteInSandboxArgs) -> ToolResult<ExecReply> {
+    /// Code run in a sandbox's session (`tool` is the tool called, for errors).
+    async fn in_sandbox(
+        &self,
+        tool: &str,
+        mode: Mode,
+        a: ExecuteInSandboxArgs,
+    ) -> ToolResult<ExecReply> {
         let m = mode.as_str();
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => return self.execute_in_cloud(&c, tool, mode, a).await,
+        };
         let lang = a.language.clone();
         let fail = |e: Error| exec_error(m, &e, Some(&lang));
         if mode == Mode::Background {

@@ -8,9 +8,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::WasmboxServer;
 use super::args::{lenient, lenient_opt};
 use super::reply::{Reply, ToolError, ToolResult, fit_list, on_disk, pretty, schema};
+use super::{Target, WasmboxServer};
 use crate::lang::guest::WORKSPACE_GUEST;
 use crate::sandbox::fs::FsError;
 
@@ -155,7 +155,17 @@ impl WasmboxServer {
         output_schema = schema::<FileText>()
     )]
     async fn file_read(&self, Parameters(a): Parameters<ReadArgs>) -> ToolResult<FileText> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => {
+                let budget = self.wasmbox.config().result_bytes;
+                let work = async {
+                    let text = c.sandbox.read_file(&a.path).await?;
+                    Ok(cloud_text_window(a, &text, budget))
+                };
+                return self.in_cloud("file_read", &c, work).await;
+            }
+        };
         let room = text_room(&a, self.wasmbox.config().result_bytes);
         on_disk(move || {
             let (p, w) = sb
@@ -182,7 +192,7 @@ impl WasmboxServer {
         output_schema = schema::<FileBytes>()
     )]
     async fn file_download(&self, Parameters(a): Parameters<ReadArgs>) -> ToolResult<FileBytes> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = self.local_sandbox(&a.sandbox_id, "sandbox_id", "file_download")?;
         let cap = self.wasmbox.config().download_bytes;
         let max = a.max_bytes.map_or(cap, |m| m.min(cap as u64) as usize);
         on_disk(move || {
@@ -223,7 +233,16 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<FileWriteArgs>,
     ) -> ToolResult<FileWritten> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => {
+                let work = async {
+                    c.sandbox.write_file(&a.path, &a.content).await?;
+                    Ok(json!({"path": a.path, "size": a.content.chars().count()}))
+                };
+                return self.in_cloud("file_write", &c, work).await;
+            }
+        };
         on_disk(move || {
             let p = sb
                 .fs
@@ -250,7 +269,7 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<FileUploadArgs>,
     ) -> ToolResult<FileWritten> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = self.local_sandbox(&a.sandbox_id, "sandbox_id", "file_upload")?;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(a.content_base64.trim())
             .map_err(|e| {
@@ -282,7 +301,17 @@ impl WasmboxServer {
         output_schema = schema::<FileListing>()
     )]
     async fn file_list(&self, Parameters(a): Parameters<FileListArgs>) -> ToolResult<FileListing> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => {
+                let budget = self.wasmbox.config().result_bytes;
+                let work = async {
+                    let files = c.sandbox.list_files(&a.path).await?;
+                    Ok(listing(&a.path, &files, a.max_results, budget))
+                };
+                return self.in_cloud("file_list", &c, work).await;
+            }
+        };
         let budget = self.wasmbox.config().result_bytes;
         on_disk(move || {
             let (p, files) = sb
@@ -307,7 +336,16 @@ impl WasmboxServer {
         output_schema = schema::<FileStatus>()
     )]
     async fn file_exists(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult<FileStatus> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => {
+                let work = async {
+                    let exists = c.sandbox.file_exists(&a.path).await?;
+                    Ok(json!({"path": a.path, "exists": exists}))
+                };
+                return self.in_cloud("file_exists", &c, work).await;
+            }
+        };
         on_disk(move || {
             let (p, exists) = sb
                 .fs
@@ -330,7 +368,16 @@ impl WasmboxServer {
         output_schema = schema::<FileStatus>()
     )]
     async fn file_remove(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult<FileStatus> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => {
+                let work = async {
+                    c.sandbox.remove_file(&a.path).await?;
+                    Ok(json!({"status": "removed", "path": a.path}))
+                };
+                return self.in_cloud("file_remove", &c, work).await;
+            }
+        };
         on_disk(move || {
             let p = sb
                 .fs
@@ -349,7 +396,16 @@ impl WasmboxServer {
         output_schema = schema::<FileStatus>()
     )]
     async fn file_mkdir(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult<FileStatus> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => {
+                let work = async {
+                    c.sandbox.mkdir(&a.path).await?;
+                    Ok(json!({"status": "created", "path": a.path}))
+                };
+                return self.in_cloud("file_mkdir", &c, work).await;
+            }
+        };
         on_disk(move || {
             let p = sb
                 .fs
@@ -363,7 +419,7 @@ impl WasmboxServer {
 
 /// A directory's entries as file_list answers, local or cloud: at most `max_results`, within
 /// the answer's budget.
-pub fn listing<F: Serialize>(path: &str, files: &[F], max_results: i64, budget: usize) -> Value {
+fn listing<F: Serialize>(path: &str, files: &[F], max_results: i64, budget: usize) -> Value {
     let total = files.len();
     let shown = super::reply::max_results(max_results, total);
     let entries = files
@@ -433,7 +489,7 @@ pub fn text_room(a: &ReadArgs, budget: usize) -> usize {
 }
 
 /// A cloud file's text in the window a local one would get (the HOPX agent sends it whole).
-pub fn cloud_text_window(a: ReadArgs, content: &str, budget: usize) -> Value {
+fn cloud_text_window(a: ReadArgs, content: &str, budget: usize) -> Value {
     let start = a.offset.unwrap_or(0).min(content.len() as u64) as usize;
     let at_boundary = content.is_char_boundary(start);
     let room = text_room(&a, budget);

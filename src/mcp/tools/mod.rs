@@ -2,9 +2,10 @@
 //!
 //! Each group of tools is an rmcp `#[tool_router]` in its own file; [`WasmboxServer::router`]
 //! adds them up, and `tools/list` is that router's list. `call_tool` wraps the router for what
-//! the macros do not do: the HTTP owner and its call permit, cancellation, forwarding calls on
-//! cloud sandboxes, running disk-bound tools off the runtime's workers, and answering bad
-//! arguments and unknown tools with a HOPX error result (`isError`) rather than a protocol error.
+//! the macros do not do: the HTTP owner and its call permit, cancellation, running disk-bound
+//! tools off the runtime's workers, and answering bad arguments and unknown tools with a HOPX
+//! error result (`isError`) rather than a protocol error. A tool on a sandbox takes its
+//! [`Target`] itself and handles a cloud sandbox in place (`cloud.rs` has what those paths share).
 
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::Wasmbox;
 use crate::engine::limits::{Stop, StopReason};
@@ -64,6 +65,7 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub struct WasmboxServer {
     wasmbox: Wasmbox,
     router: Arc<ToolRouter<Self>>,
+    guest_tools: Arc<ToolRouter<Self>>,
     tools: Arc<Vec<Tool>>,
     /// Whose sandboxes this call may see: [`LOCAL_OWNER`] over stdio, the caller's token over
     /// HTTP (set per call from the request, see [`Owner`]).
@@ -86,6 +88,7 @@ impl WasmboxServer {
         Self {
             wasmbox,
             router: Arc::new(router),
+            guest_tools: Arc::new(Self::guest_router()),
             tools: Arc::new(tools),
             owner: LOCAL_OWNER.into(),
         }
@@ -93,13 +96,17 @@ impl WasmboxServer {
 
     /// Every tool, by group.
     pub fn router() -> ToolRouter<Self> {
-        Self::exec_router()
-            + Self::command_router()
+        Self::guest_router()
             + Self::sandbox_router()
             + Self::state_router()
             + Self::file_router()
             + Self::env_router()
             + Self::server_router()
+    }
+
+    /// The groups whose tools run guests: called on the runtime's workers (see `route`).
+    fn guest_router() -> ToolRouter<Self> {
+        Self::exec_router() + Self::command_router()
     }
 
     /// The names `tools/list` shows.
@@ -134,46 +141,32 @@ impl WasmboxServer {
         }
     }
 
-    /// Runs a call on its tool (or forwards it to the cloud) and shapes rmcp's own failures.
+    /// Runs a call on its tool and shapes rmcp's own failures. The guest tools (their group
+    /// says so: [`WasmboxServer::guest_router`]) run guests on guest threads and only validate
+    /// and wait here; every other tool works on the disk (workspaces, meta files, the module
+    /// cache, walks of any size), off the runtime's workers, so a slow disk delays only its own
+    /// call.
     async fn route(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> CallToolResult {
         let name = request.name.to_string();
-        // A call on a cloud sandbox is forwarded as a whole.
-        let args = request.arguments.clone().unwrap_or_default();
-        let target = ["sandbox_id", "id"]
-            .iter()
-            .find_map(|k| args.get(*k).and_then(Value::as_str))
-            .and_then(|id| self.wasmbox.cloud_sandbox(id))
-            .filter(|c| *c.owner == *self.owner);
-        if let Some(csb) = target {
-            // Cancelled, the request to HOPX is dropped.
-            let cancel = call_cancel();
-            return tokio::select! {
-                r = self.cloud_dispatch(&name, args, csb) => r,
-                _ = crate::cancelled(cancel.as_deref()) => error_result(
-                    exec_reply::exec_error("cloud", &crate::Error::Cancelled(""), None).0
-                ),
-            };
-        }
-        let answer = if name.starts_with("execute_code") || name.starts_with("run_command") {
-            // Their guests run on guest threads; what they do here is validation and waiting.
+        let answer = if self.guest_tools.has_route(&name) {
             self.router
                 .call(ToolCallContext::new(self, request, context))
                 .await
         } else {
-            // Every other tool works on the disk (workspaces, meta files, the module cache,
-            // walks of any size): off the runtime's workers, so a slow disk delays only its own
-            // call.
             let this = self.clone();
             let handle = tokio::runtime::Handle::current();
+            // The call's cancel flag goes along: a tool's cloud path is cancelled with the call.
+            let cancel = call_cancel().unwrap_or_default();
             tokio::task::spawn_blocking(move || {
-                handle.block_on(
+                handle.block_on(CALL_CANCEL.scope(
+                    cancel,
                     this.router
                         .call(ToolCallContext::new(&this, request, context)),
-                )
+                ))
             })
             .await
             .unwrap_or_else(|_| {
@@ -233,14 +226,52 @@ impl WasmboxServer {
         }
     }
 
-    /// A live sandbox of the caller's, or HOPX's not-found error (under `key`: `id` or
-    /// `sandbox_id`).
-    fn sandbox(&self, id: &str, key: &str) -> Result<Arc<Sandbox>, ToolError> {
+    /// The caller's sandbox `id`, local or in the cloud, or HOPX's not-found error (under
+    /// `key`: `id` or `sandbox_id`). A tool with a cloud path takes its target here and handles
+    /// both cases in place.
+    fn target(&self, id: &str, key: &str) -> Result<Target, ToolError> {
+        match self.wasmbox.cloud_sandbox(id) {
+            Some(c) if *c.owner == *self.owner => Ok(Target::Cloud(c)),
+            _ => self.local(id, key).map(Target::Local),
+        }
+    }
+
+    /// The caller's local sandbox `id`, for a tool that has no cloud path: a cloud sandbox's id
+    /// gets an error that says so.
+    fn local_sandbox(&self, id: &str, key: &str, tool: &str) -> Result<Arc<Sandbox>, ToolError> {
+        match self.target(id, key)? {
+            Target::Local(sb) => Ok(sb),
+            Target::Cloud(c) => Err(ToolError::new(json!({
+                "error": "Not supported for cloud sandboxes",
+                "message": format!("{tool} is not available for cloud sandbox {}; it works on local sandboxes", c.id),
+                "sandbox_id": c.id,
+            }))),
+        }
+    }
+
+    /// For a tool whose work is the server's, whatever sandbox it names (HOPX's are per
+    /// sandbox): a cloud sandbox's id gets the error that it works locally only.
+    fn server_wide(&self, id: Option<&str>, tool: &str) -> Result<(), ToolError> {
+        match id.and_then(|id| self.wasmbox.cloud_sandbox(id)) {
+            Some(c) if *c.owner == *self.owner => {
+                self.local_sandbox(&c.id, "sandbox_id", tool).map(drop)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn local(&self, id: &str, key: &str) -> Result<Arc<Sandbox>, ToolError> {
         self.wasmbox
             .sandboxes()
             .get(id, &self.owner)
             .map_err(|e| not_found(&e, key, id))
     }
+}
+
+/// Where a tool's sandbox is.
+enum Target {
+    Local(Arc<Sandbox>),
+    Cloud(Arc<crate::CloudSandbox>),
 }
 
 /// HOPX's not-found shape for a sandbox; other sandbox errors keep their message.

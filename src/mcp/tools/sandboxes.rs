@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::args::{IdArgs, SandboxArgs, lenient, lenient_opt};
 use super::reply::{Reply, ToolError, ToolResult, schema};
 use super::server::template_names;
-use super::{VERSION, WasmboxServer, not_found};
+use super::{Target, VERSION, WasmboxServer, not_found};
 use crate::Error;
 use crate::sandbox::SandboxError;
 use crate::sandbox::fs::rfc3339;
@@ -288,7 +288,11 @@ impl WasmboxServer {
         output_schema = schema::<SandboxReply>()
     )]
     async fn get_sandbox(&self, Parameters(a): Parameters<IdArgs>) -> ToolResult<SandboxReply> {
-        let mut v = json!(self.sandbox(&a.id, "id")?.info());
+        let sb = match self.target(&a.id, "id")? {
+            Target::Local(sb) => sb,
+            Target::Cloud(c) => return self.info_in_cloud(&c).await,
+        };
+        let mut v = json!(sb.info());
         let id = v.as_object_mut().and_then(|m| m.remove("sandbox_id"));
         v["id"] = json!(id);
         Ok(Reply::json(v))
@@ -302,6 +306,14 @@ impl WasmboxServer {
         output_schema = schema::<SandboxReply>()
     )]
     async fn delete_sandbox(&self, Parameters(a): Parameters<IdArgs>) -> ToolResult<SandboxReply> {
+        if let Ok(Target::Cloud(c)) = self.target(&a.id, "id") {
+            let work = async {
+                c.sandbox.delete().await?;
+                self.wasmbox.forget_cloud_sandbox(&c.id);
+                Ok(json!({"status": "deleted", "id": c.id}))
+            };
+            return self.in_cloud("delete_sandbox", &c, work).await;
+        }
         self.wasmbox
             .sandboxes()
             .delete(&a.id, &self.owner)
@@ -320,6 +332,7 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<UpdateTimeoutArgs>,
     ) -> ToolResult<SandboxReply> {
+        self.local_sandbox(&a.id, "id", "update_sandbox_timeout")?;
         let sb = self
             .wasmbox
             .sandboxes()
@@ -341,6 +354,7 @@ impl WasmboxServer {
         output_schema = schema::<SandboxReply>()
     )]
     async fn pause_sandbox(&self, Parameters(a): Parameters<IdArgs>) -> ToolResult<SandboxReply> {
+        self.local_sandbox(&a.id, "id", "pause_sandbox")?;
         let (sb, notes) = self
             .wasmbox
             .pause_sandbox(&a.id, &self.owner)
@@ -369,6 +383,7 @@ impl WasmboxServer {
         output_schema = schema::<SandboxReply>()
     )]
     async fn resume_sandbox(&self, Parameters(a): Parameters<IdArgs>) -> ToolResult<SandboxReply> {
+        self.local_sandbox(&a.id, "id", "resume_sandbox")?;
         self.set_paused(&a.id, false)
     }
 
@@ -380,7 +395,7 @@ impl WasmboxServer {
         output_schema = schema::<VmReply>()
     )]
     async fn ping_vm(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<VmReply> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = self.local_sandbox(&a.sandbox_id, "sandbox_id", "ping_vm")?;
         Ok(Reply::json(json!({
             "status": "ok",
             "agent_version": VERSION,
@@ -398,7 +413,7 @@ impl WasmboxServer {
         output_schema = schema::<VmReply>()
     )]
     async fn get_vm_info(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<VmReply> {
-        let sb = self.sandbox(&a.sandbox_id, "sandbox_id")?;
+        let sb = self.local_sandbox(&a.sandbox_id, "sandbox_id", "get_vm_info")?;
         let cfg = self.wasmbox.config();
         Ok(Reply::json(json!({
             "agent": "wasmbox",
@@ -474,7 +489,7 @@ impl WasmboxServer {
 
     /// Preview and agent URLs: a sandbox here has neither (no network, no agent process).
     fn no_url(&self, tool: &str, sandbox_id: &str) -> ToolError {
-        if let Err(e) = self.sandbox(sandbox_id, "sandbox_id") {
+        if let Err(e) = self.local_sandbox(sandbox_id, "sandbox_id", tool) {
             return e;
         }
         ToolError::new(json!({

@@ -111,7 +111,10 @@ impl WasmboxServer {
             },
         });
         if let Some(id) = a.sandbox_id.filter(|s| !s.is_empty()) {
-            v["sandbox"] = json!(self.sandbox(&id, "sandbox_id")?.info());
+            v["sandbox"] = json!(
+                self.local_sandbox(&id, "sandbox_id", "get_system_metrics")?
+                    .info()
+            );
         }
         Ok(Reply::json(v))
     }
@@ -125,8 +128,9 @@ impl WasmboxServer {
     )]
     async fn cache_stats(
         &self,
-        Parameters(_a): Parameters<OptionalSandboxArgs>,
+        Parameters(a): Parameters<OptionalSandboxArgs>,
     ) -> ToolResult<Report> {
+        self.server_wide(a.sandbox_id.as_deref(), "cache_stats")?;
         Ok(Reply::json(json!({
             "modules": self.wasmbox.module_cache().stats(),
             "go": self.wasmbox.go_cache_stats(),
@@ -143,8 +147,9 @@ impl WasmboxServer {
     )]
     async fn cache_clear(
         &self,
-        Parameters(_a): Parameters<OptionalSandboxArgs>,
+        Parameters(a): Parameters<OptionalSandboxArgs>,
     ) -> ToolResult<Report> {
+        self.server_wide(a.sandbox_id.as_deref(), "cache_clear")?;
         let (files, bytes) = self.wasmbox.module_cache().evict_unused();
         Ok(Reply::json(
             json!({"status": "success", "removed_files": files, "removed_bytes": bytes}),

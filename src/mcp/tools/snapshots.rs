@@ -104,6 +104,7 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<SandboxArgs>,
     ) -> ToolResult<SandboxReply> {
+        self.local_sandbox(&a.sandbox_id, "sandbox_id", "fork_sandbox")?;
         let (sb, notes) = self
             .wasmbox
             .fork_sandbox(&a.sandbox_id, &self.owner)
@@ -127,6 +128,7 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<SandboxArgs>,
     ) -> ToolResult<SnapshotReply> {
+        self.local_sandbox(&a.sandbox_id, "sandbox_id", "snapshot_sandbox")?;
         let meta = self
             .wasmbox
             .snapshot_sandbox(&a.sandbox_id, &self.owner)
