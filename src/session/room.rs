@@ -74,6 +74,11 @@ impl Wasmbox {
         let Ok(mut g) = slot.try_lock() else {
             return false;
         };
+        self.swap_out_held(sb, language, &mut g)
+    }
+
+    /// [`Self::swap_out`] with the slot already held.
+    fn swap_out_held(&self, sb: &Sandbox, language: Language, g: &mut super::Slot) -> bool {
         let Some(rt) = self.inner.runtimes.loaded_session(language) else {
             return false;
         };
@@ -141,14 +146,12 @@ impl Wasmbox {
         let Some(mut g) = sb.slot(language).and_then(|s| s.try_lock().ok()) else {
             return;
         };
-        let idle_for = match (&g.session, g.last_used) {
-            (Some(_), Some(t)) => t.elapsed(),
-            _ => return,
+        let Some(idle_for) = g.idle_for() else {
+            return;
         };
         if free_idle.is_some_and(|d| idle_for >= d) {
-            drop(g);
-            self.swap_out(sb, language);
-        } else if !g.saved
+            self.swap_out_held(sb, language, &mut g);
+        } else if !g.saved_as_is()
             && save_idle.is_some_and(|d| idle_for >= d)
             && let Some(rt) = self.inner.runtimes.loaded_session(language)
             && let Err(e) = g.save(

@@ -59,7 +59,7 @@ impl Wasmbox {
             if !guard.is_live() {
                 // Ended (by this save's stop, at a shutdown, with no turn saved before it): the
                 // next server says so.
-                if let Some(why) = &guard.ended
+                if let Some(why) = guard.ended()
                     && !path.is_file()
                 {
                     slot::note_lost(&path, why);

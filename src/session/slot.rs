@@ -20,20 +20,31 @@ use crate::lang::session::{self, Session, SessionRuntime};
 use crate::lang::{ExecRequest, ExecResult, Language};
 use crate::sandbox::budget::StateGate;
 
-/// A session slot: the live session, or why the last one ended (said once, on the next call).
-/// A session saved to disk (paused, swapped out, or left by a previous server) is in the
+/// A session slot: what it holds, and when its last call ended (idle sessions, and the least
+/// recently used ones when live sessions reach their cap, are saved to disk and freed). A
+/// session saved to disk (paused, swapped out, or left by a previous server) is in the
 /// sandbox's state file instead, until the next call restores it.
 #[derive(Default)]
 pub struct Slot {
-    pub session: Option<Session>,
-    pub ended: Option<String>,
-    /// When its last call ended: idle sessions, and the least recently used ones when live
-    /// sessions reach their cap, are saved to disk and freed.
+    state: State,
     pub last_used: Option<std::time::Instant>,
-    /// The state file holds the live session as it is now: freeing it needs no new save.
-    pub saved: bool,
-    /// A marker says the live session has turns no file holds (see [`Slot::call`]).
-    pub unsaved_marked: bool,
+}
+
+/// What a slot holds between calls.
+#[derive(Default)]
+enum State {
+    /// Nothing live: the next call restores the state file, or starts fresh.
+    #[default]
+    Empty,
+    /// The last session ended, for this reason: the next call says so once and starts fresh.
+    Ended(String),
+    /// A live session. `saved`: the state file holds it as it is, so freeing it needs no new
+    /// save. `marked`: a `.lost` marker says it has turns no file holds (see [`Slot::call`]).
+    Live {
+        session: Session,
+        saved: bool,
+        marked: bool,
+    },
 }
 
 /// A sandbox's slot for one language, held for the length of a call.
@@ -265,7 +276,28 @@ pub struct Keep<'a> {
 impl Slot {
     /// Whether a session is live in the slot (it may have ended in its last call).
     pub fn is_live(&self) -> bool {
-        self.session.is_some()
+        matches!(self.state, State::Live { .. })
+    }
+
+    /// Why the last session ended, until the next call has said so.
+    pub fn ended(&self) -> Option<&str> {
+        match &self.state {
+            State::Ended(why) => Some(why),
+            _ => None,
+        }
+    }
+
+    /// Whether the state file holds the live session as it is (copying the file copies it).
+    pub fn saved_as_is(&self) -> bool {
+        matches!(self.state, State::Live { saved: true, .. })
+    }
+
+    /// How long the live session has been idle; `None` with none live.
+    pub fn idle_for(&self) -> Option<std::time::Duration> {
+        match (&self.state, self.last_used) {
+            (State::Live { .. }, Some(t)) => Some(t.elapsed()),
+            _ => None,
+        }
     }
 
     /// Saves the live session to `path` unless the file already holds it as it is; the session
@@ -276,17 +308,20 @@ impl Slot {
         path: &Path,
         gate: &dyn StateGate,
     ) -> Result<u64, String> {
-        let Some(session) = self.session.as_mut() else {
+        let State::Live {
+            session,
+            saved,
+            marked,
+        } = &mut self.state
+        else {
             return Err("no live session".into());
         };
-        if self.saved
-            && let Ok(m) = std::fs::metadata(path)
-        {
+        if *saved && let Ok(m) = std::fs::metadata(path) {
             return Ok(m.len());
         }
         let s = save(rt, session, path, gate)?;
-        self.saved = true;
-        if std::mem::take(&mut self.unsaved_marked) {
+        *saved = true;
+        if std::mem::take(marked) {
             let _ = std::fs::remove_file(lost_marker(path));
         }
         Ok(s.bytes)
@@ -301,21 +336,26 @@ impl Slot {
         gate: &dyn StateGate,
     ) -> Result<u64, String> {
         let bytes = self.save(rt, path, gate)?;
-        self.session = None;
-        self.saved = false;
+        self.state = State::Empty;
         Ok(bytes)
     }
 
+    fn live(&mut self) -> Result<&mut Session, String> {
+        match &mut self.state {
+            State::Live { session, .. } => Ok(session),
+            _ => Err("no live session".into()),
+        }
+    }
+
     /// Writes the live session to `to`, another sandbox's (a snapshot's) file, leaving this
-    /// slot's own file and flags as they are.
+    /// slot's own file and state as they are.
     pub fn save_copy(
         &mut self,
         rt: &dyn SessionRuntime,
         to: &Path,
         gate: &dyn StateGate,
     ) -> Result<u64, String> {
-        let session = self.session.as_mut().ok_or("no live session")?;
-        save(rt, session, to, gate).map(|s| s.bytes)
+        save(rt, self.live()?, to, gate).map(|s| s.bytes)
     }
 
     /// Copies the live session into `target` (another sandbox's slot) for `req`'s place, with
@@ -326,21 +366,68 @@ impl Slot {
         req: &ExecRequest,
         target: &mut Slot,
     ) -> Result<Vec<String>, String> {
-        let session = self.session.as_mut().ok_or("no live session")?;
-        let (mut child, notes) = session::fork(rt, session, req).map_err(|e| e.to_string())?;
+        let (mut child, notes) = session::fork(rt, self.live()?, req).map_err(|e| e.to_string())?;
         rt.reseed(&mut child).map_err(|e| e.to_string())?;
-        target.session = Some(child);
+        target.state = State::Live {
+            session: child,
+            saved: false,
+            marked: false,
+        };
         Ok(notes)
     }
 
-    /// Drops what disk holds of an ended session: the next call starts fresh, as its note says.
-    fn forget(&mut self, state_path: &Path) {
-        let _ = std::fs::remove_file(state_path);
-        let _ = std::fs::remove_file(before_path(state_path));
-        let _ = std::fs::remove_file(restoring_path(state_path));
-        let _ = std::fs::remove_file(lost_marker(state_path));
-        self.saved = false;
-        self.unsaved_marked = false;
+    /// The session a call runs in: the live one, else the saved one restored, else a fresh one
+    /// (with notes on what earlier state is gone). Errors leave the slot as it was.
+    fn open(
+        &mut self,
+        rt: &dyn SessionRuntime,
+        req: &ExecRequest,
+        state_path: &Path,
+        notes: &mut Vec<String>,
+    ) -> crate::Result<()> {
+        if matches!(&self.state, State::Live { session, .. } if session.alive()) {
+            return Ok(());
+        }
+        let name = rt.language().name();
+        let session = match restore(rt, req, state_path) {
+            Some(Ok((s, mut n))) => {
+                notes.append(&mut n);
+                s
+            }
+            Some(Err(Unrestored::Kept(why))) => {
+                return Err(crate::Error::wasm(format!(
+                    "the saved {name} session could not be restored now ({why}); it is kept on disk and the next call tries again (files in /workspace are unaffected)"
+                )));
+            }
+            Some(Err(Unrestored::Unusable(why))) => {
+                tracing::warn!("a saved {name} session could not be restored: {why}");
+                notes.push(format!(
+                    "the saved {name} session could not be restored ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
+                ));
+                rt.start(req)?
+            }
+            None => {
+                if let Some(why) = take_lost(state_path) {
+                    notes.push(format!(
+                        "the {name} session was not saved when the server last stopped ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
+                    ));
+                }
+                rt.start(req)?
+            }
+        };
+        if let State::Ended(why) = &self.state {
+            notes.insert(0, format!(
+                "the previous {name} session ended ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
+            ));
+        }
+        // A session that died outside a call keeps its marker: its turns are still unsaved.
+        let marked = matches!(self.state, State::Live { marked: true, .. });
+        self.state = State::Live {
+            session,
+            saved: false,
+            marked,
+        };
+        Ok(())
     }
 
     /// Runs one call in a sandbox's session for `rt`'s language: restores the saved session or
@@ -353,45 +440,18 @@ impl Slot {
         rich: bool,
         keep: &Keep,
     ) -> crate::Result<ExecResult> {
-        let slot = self;
         let state_path = keep.state;
         let name = rt.language().name();
         let mut notes = Vec::new();
-        if slot.session.as_ref().is_none_or(|s| !s.alive()) {
-            let session = match restore(rt, req, state_path) {
-                Some(Ok((s, mut n))) => {
-                    notes.append(&mut n);
-                    s
-                }
-                Some(Err(Unrestored::Kept(why))) => {
-                    return Err(crate::Error::wasm(format!(
-                        "the saved {name} session could not be restored now ({why}); it is kept on disk and the next call tries again (files in /workspace are unaffected)"
-                    )));
-                }
-                Some(Err(Unrestored::Unusable(why))) => {
-                    tracing::warn!("a saved {name} session could not be restored: {why}");
-                    notes.push(format!(
-                        "the saved {name} session could not be restored ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
-                    ));
-                    rt.start(req)?
-                }
-                None => {
-                    if let Some(why) = take_lost(state_path) {
-                        notes.push(format!(
-                            "the {name} session was not saved when the server last stopped ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
-                        ));
-                    }
-                    rt.start(req)?
-                }
-            };
-            if let Some(why) = slot.ended.take() {
-                notes.insert(0, format!(
-                    "the previous {name} session ended ({why}); this call ran in a fresh one, so earlier variables are gone (files in /workspace remain)"
-                ));
-            }
-            slot.session = Some(session);
-            slot.saved = false;
-        }
+        self.open(rt, req, state_path, &mut notes)?;
+        let State::Live {
+            session,
+            saved,
+            marked,
+        } = &mut self.state
+        else {
+            unreachable!("open leaves a live session");
+        };
         // What a stop during this call leaves: the saved turn before it, or a note that the
         // session's variables are gone.
         let before = before_path(state_path);
@@ -399,20 +459,19 @@ impl Slot {
         if keep.durable {
             // Before `.before` is there to be removed after the call: a stop between then and the
             // next save finds the marker (a stop during the call finds `.before`, which wins).
-            if !slot.unsaved_marked {
+            if !*marked {
                 note_lost(
                     state_path,
                     "the server stopped without saving it: it was killed or crashed",
                 );
-                slot.unsaved_marked = true;
+                *marked = true;
             }
-            if std::mem::take(&mut slot.saved) {
+            if std::mem::take(saved) {
                 kept_before = std::fs::rename(state_path, &before).is_ok();
             }
         } else {
-            slot.saved = false;
+            *saved = false;
         }
-        let session = slot.session.as_mut().expect("just started");
         // A panic inside a host function leaves the session's store in an unknown state: drop the
         // session (its files stay) and fail this call only.
         let run =
@@ -420,9 +479,8 @@ impl Slot {
         let mut r = match run {
             Ok(r) => r,
             Err(_) => {
-                slot.session = None;
-                slot.forget(state_path);
-                slot.ended = Some("wasmbox failed inside it (a host panic)".into());
+                forget(state_path);
+                self.state = State::Ended("wasmbox failed inside it (a host panic)".into());
                 return Err(crate::Error::wasm(format!(
                     "the execution failed inside wasmbox (a host panic); the {name} session was discarded, files in /workspace remain"
                 )));
@@ -437,7 +495,6 @@ impl Slot {
                 }
                 None => format!("it exited with status {}", r.exit_code),
             };
-            slot.session = None;
             let shutdown = req.place.as_ref().and_then(|p| p.stop.reason())
                 == Some(crate::engine::limits::StopReason::Shutdown);
             if shutdown && kept_before {
@@ -452,28 +509,41 @@ impl Slot {
                 notes.push(format!(
                     "the {name} session ended ({why}); the next server restores it as of the turn before this call"
                 ));
+                self.state = State::Empty;
             } else {
-                slot.forget(state_path);
+                forget(state_path);
                 notes.push(format!(
                     "the {name} session ended ({why}); the next call starts a fresh one"
                 ));
-                slot.ended = Some(why);
+                self.state = State::Ended(why);
             }
         } else {
             if kept_before {
                 let _ = std::fs::remove_file(&before);
             }
             if keep.save_after
-                && let Err(e) = slot.save(rt, state_path, keep.gate)
+                && let Err(e) = self.save(rt, state_path, keep.gate)
             {
                 notes.push(format!(
                     "the {name} session could not be saved after this call: {e}"
                 ));
             }
         }
-        slot.last_used = Some(std::time::Instant::now());
+        self.last_used = Some(std::time::Instant::now());
         notes.append(&mut r.notes);
         r.notes = notes;
         Ok(r)
+    }
+}
+
+/// Drops what disk holds of an ended session: the next call starts fresh, as its note says.
+fn forget(state_path: &Path) {
+    for p in [
+        state_path.to_path_buf(),
+        before_path(state_path),
+        restoring_path(state_path),
+        lost_marker(state_path),
+    ] {
+        let _ = std::fs::remove_file(p);
     }
 }

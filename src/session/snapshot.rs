@@ -103,7 +103,7 @@ impl Wasmbox {
         for (language, guard) in held {
             let to = snapshots::state_path(dir, language);
             // A session saved as it is (idle) is copied as its file, like one not live.
-            let bytes = if guard.is_live() && !guard.saved {
+            let bytes = if guard.is_live() && !guard.saved_as_is() {
                 let Some(rt) = self.inner.runtimes.loaded_session(language) else {
                     continue;
                 };
