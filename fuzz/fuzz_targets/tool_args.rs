@@ -34,7 +34,7 @@ use rmcp::transport::async_rw::JsonRpcMessageCodec;
 use serde_json::{Map, Value};
 use tokio_util::codec::Decoder;
 use wasmbox::mcp::WasmboxServer;
-use wasmbox::mcp::tools::fuzz_args::{parse_tool_args, tool_names};
+use wasmbox::mcp::tools::fuzz_args::tool_names;
 use wasmbox::sandbox::LOCAL_OWNER;
 
 const PLACEHOLDER: &str = "SANDBOX";
@@ -102,6 +102,11 @@ fn reset(f: &Fixture) -> String {
         .clone()
 }
 
+/// A request context of the fixture's server.
+fn context(f: &Fixture) -> RequestContext<rmcp::RoleServer> {
+    RequestContext::new(NumberOrString::Number(1), f.running.peer().clone())
+}
+
 fn runs_code(tool: &str) -> bool {
     tool.starts_with("execute_code") || tool.starts_with("run_command")
 }
@@ -116,7 +121,9 @@ fn call(f: &Fixture, sandbox_id: &str, tool: &str, mut args: Map<String, Value>)
             *v = Value::String(sandbox_id.to_string());
         }
     }
-    let parsed = parse_tool_args(tool, Value::Object(args.clone()));
+    let parsed = f
+        .server
+        .parse_tool_args(tool, Value::Object(args.clone()), context(f));
     if let Err(e) = &parsed {
         check_result(tool, e);
         assert_eq!(
@@ -128,9 +135,8 @@ fn call(f: &Fixture, sandbox_id: &str, tool: &str, mut args: Map<String, Value>)
     if runs_code(tool) {
         return;
     }
-    let context = RequestContext::new(NumberOrString::Number(1), f.running.peer().clone());
     let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
-    let r = match f.rt.block_on(f.server.call_tool(params, context)) {
+    let r = match f.rt.block_on(f.server.call_tool(params, context(f))) {
         Ok(CallToolResponse::Complete(r)) => r,
         other => panic!("{tool}: not a tool result: {other:?}"),
     };
@@ -352,7 +358,7 @@ fuzz_target!(|data: &[u8]| {
     // 2. JSON text as every tool's arguments.
     if let Ok(v) = serde_json::from_slice::<Value>(data) {
         for tool in &f.tools {
-            let parsed = parse_tool_args(tool, v.clone());
+            let parsed = f.server.parse_tool_args(tool, v.clone(), context(f));
             if let Err(e) = &parsed {
                 check_result(tool, e);
             }

@@ -100,7 +100,12 @@ async fn every_tool_declares_itself_and_answers_in_its_declared_shape() {
     .await;
     let list = c.list_all_tools().await.unwrap();
     let tools: BTreeMap<String, Tool> = list.into_iter().map(|t| (t.name.to_string(), t)).collect();
-    assert_eq!(tools.len(), 43);
+    // The server's own router is the list: nothing here to keep up to date.
+    assert_eq!(tools.keys().cloned().collect::<Vec<_>>(), {
+        let mut names = wasmbox::mcp::WasmboxServer::tool_names();
+        names.sort();
+        names
+    });
     for (name, t) in &tools {
         assert!(
             t.title.as_deref().is_some_and(|s| !s.is_empty()),

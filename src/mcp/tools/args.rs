@@ -9,6 +9,76 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
+use rmcp::RoleServer;
+use rmcp::handler::server::common::FromContextPart;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::ErrorCode;
+use rmcp::service::RequestContext;
+
+/// A tool's arguments, read as rmcp's own `Parameters` reads them (the `#[tool]` macro takes
+/// its input schema from any type of this name). A call made by [`parse_only`] stops here once
+/// they parse, so that the router itself tells whether a tool's arguments parse, without
+/// running the tool and without a table of tools and argument types to keep up to date.
+pub struct Parameters<T>(pub T);
+
+impl<T: JsonSchema> JsonSchema for Parameters<T> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+
+    fn json_schema(g: &mut SchemaGenerator) -> Schema {
+        T::json_schema(g)
+    }
+}
+
+impl<S, T: DeserializeOwned> FromContextPart<ToolCallContext<'_, S>> for Parameters<T> {
+    fn from_context_part(context: &mut ToolCallContext<S>) -> Result<Self, rmcp::ErrorData> {
+        let rmcp::handler::server::wrapper::Parameters(v) =
+            rmcp::handler::server::wrapper::Parameters::from_context_part(context)?;
+        if context
+            .request_context
+            .extensions
+            .get::<ParseOnly>()
+            .is_some()
+        {
+            return Err(rmcp::ErrorData::new(PARSED, "the arguments parse", None));
+        }
+        Ok(Parameters(v))
+    }
+}
+
+/// Marks a call that only parses its arguments ([`parse_only`]).
+#[derive(Clone, Copy)]
+struct ParseOnly;
+
+/// What a parse-only call answers once the arguments parse; no call of a client's sees it.
+const PARSED: ErrorCode = ErrorCode(-32_099);
+
+/// A call's request context made to stop once its arguments parse.
+pub fn parse_only(mut context: RequestContext<RoleServer>) -> RequestContext<RoleServer> {
+    context.extensions.insert(ParseOnly);
+    context
+}
+
+/// Whether a parse-only call's failure is only that its arguments parsed.
+pub fn parsed(e: &rmcp::ErrorData) -> bool {
+    e.code == PARSED
+}
+
+/// A tool that reads no arguments: any object does.
+#[derive(Deserialize)]
+pub struct NoArgs {}
+
+impl JsonSchema for NoArgs {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "NoArgs".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "object", "properties": {}})
+    }
+}
+
 #[derive(Deserialize, JsonSchema)]
 pub struct IdArgs {
     /// The sandbox id.

@@ -2,31 +2,17 @@
 //! place ([`super::Target::Cloud`]) through [`WasmboxServer::in_cloud`], and the answers keep
 //! the local shapes, with `location: "cloud"`.
 
-use rmcp::model::{CallToolResult, JsonObject};
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::WasmboxServer;
 use super::commands::{ProcessList, RunCommandArgs};
 use super::exec::{BACKGROUND_MAX_TIMEOUT, BACKGROUND_TIMEOUT, ExecuteInSandboxArgs, Mode};
 use super::exec_reply::{ExecReply, exec_error, fit_output};
-use super::reply::{
-    Reply, ToolError, ToolResult, error_result, fit_list, max_results, output_share,
-};
+use super::reply::{Reply, ToolError, ToolResult, fit_list, max_results, output_share};
 use super::sandboxes::SandboxReply;
 use crate::cloud::{CloudError, CommandRequest, ExecuteRequest};
 use crate::lang::guest::WORKSPACE_GUEST;
 use crate::sandbox::fs::rfc3339;
-
-/// A tool's arguments, or the HOPX error result for ones that do not parse.
-pub fn parse<T: DeserializeOwned>(tool: &str, args: JsonObject) -> Result<T, CallToolResult> {
-    serde_json::from_value(Value::Object(args)).map_err(|e| {
-        error_result(json!({
-            "error": "Invalid arguments",
-            "message": format!("Error executing tool {tool}: invalid arguments: {e}"),
-        }))
-    })
-}
 
 impl WasmboxServer {
     /// A tool's cloud path: `work` on cloud sandbox `csb`, dropped (and with it the request to

@@ -1,13 +1,12 @@
 //! Command lines (`run_command*`) and a sandbox's background executions (`*_processes`,
 //! `execute_kill_process`).
 
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::args::{Env, lenient, lenient_opt};
+use super::args::{Env, Parameters, lenient, lenient_opt};
 use super::exec::{BACKGROUND_MAX_TIMEOUT, BACKGROUND_TIMEOUT};
 use super::exec_reply::ExecReply;
 use super::reply::{Reply, ToolError, ToolResult, fit_list, max_results, output_share, schema};

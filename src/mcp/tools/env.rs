@@ -2,13 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::args::{SandboxArgs, lenient};
+use super::args::{Parameters, SandboxArgs, lenient};
 use super::reply::{Reply, ToolError, ToolResult, schema};
 use super::{Target, WasmboxServer};
 

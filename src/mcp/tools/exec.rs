@@ -3,13 +3,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::args::{Env, default_language, language_schema, lenient_opt};
+use super::args::{Env, Parameters, default_language, language_schema, lenient_opt};
 use super::exec_reply::{ExecReply, exec_error};
 use super::reply::{Reply, ToolError, ToolResult, schema};
 use super::{Target, WasmboxServer, call_cancel};

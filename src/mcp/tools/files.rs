@@ -2,13 +2,12 @@
 //! budgets, never by the file (a sparse file can claim a terabyte).
 
 use base64::Engine as _;
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::args::{lenient, lenient_opt};
+use super::args::{Parameters, lenient, lenient_opt};
 use super::reply::{Reply, ToolError, ToolResult, fit_list, on_disk, pretty, schema};
 use super::{Target, WasmboxServer};
 use crate::lang::guest::WORKSPACE_GUEST;

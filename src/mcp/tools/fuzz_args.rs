@@ -1,22 +1,17 @@
-//! For the fuzz targets (`fuzz/`), not an API: a tool's arguments parsed exactly as the tool
-//! parses them, without running anything. The names come from the router, and a test checks
-//! that every routed tool has its parser here.
+//! For the fuzz targets (`fuzz/`), not an API: whether a tool's arguments parse, answered by
+//! the router itself, so that no table of tools and argument types can fall behind it.
 
-use serde::de::DeserializeOwned;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use rmcp::RoleServer;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{CallToolRequestParams, CallToolResponse};
+use rmcp::service::RequestContext;
 use serde_json::{Value, json};
 
-use super::args::{IdArgs, OptionalSandboxArgs, SandboxArgs};
-use super::cloud::parse;
-use super::commands::{KillArgs, ProcessesArgs, RunCommandArgs};
-use super::env::EnvSetArgs;
-use super::exec::{
-    ExecuteAsyncArgs, ExecuteCodeArgs, ExecuteCodeIsolatedArgs, ExecuteInSandboxArgs,
-};
-use super::files::{FileListArgs, FileUploadArgs, FileWriteArgs, PathArgs, ReadArgs};
+use super::args::{parse_only, parsed};
 use super::reply::error_result;
-use super::sandboxes::{CreateSandboxArgs, ListSandboxesArgs, PortArgs, UpdateTimeoutArgs};
-use super::server::{GetTemplateArgs, ListTemplatesArgs, MetricsArgs};
-use super::snapshots::SnapshotArgs;
 use super::{CallToolResult, WasmboxServer};
 
 /// Every tool name the server routes.
@@ -24,57 +19,44 @@ pub fn tool_names() -> Vec<String> {
     WasmboxServer::tool_names()
 }
 
-/// Parses `args` (a tools/call's `arguments`, which MCP makes an object) into `tool`'s argument
-/// type. The error is the tool result the call would answer with; an unknown tool is `Err` too.
-pub fn parse_tool_args(tool: &str, args: Value) -> Result<(), CallToolResult> {
-    fn p<T: DeserializeOwned>(
+impl WasmboxServer {
+    /// Parses `args` (a tools/call's `arguments`, which MCP makes an object) as the call to
+    /// `tool` would, through the router, and stops there: no tool runs. The error is the tool
+    /// result the call would answer with; an unknown tool is `Err` too. `context` only has to
+    /// be one of this server's (the router wants one).
+    pub fn parse_tool_args(
+        &self,
         tool: &str,
-        args: serde_json::Map<String, Value>,
+        args: Value,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), CallToolResult> {
-        parse::<T>(tool, args).map(drop)
-    }
-    let Value::Object(args) = args else {
-        return Err(error_result(json!({
-            "error": "Invalid arguments",
-            "message": format!("Error executing tool {tool}: arguments must be an object"),
-        })));
-    };
-    match tool {
-        "execute_code" => p::<ExecuteCodeArgs>(tool, args),
-        "execute_code_isolated" => p::<ExecuteCodeIsolatedArgs>(tool, args),
-        "execute_code_persistent" | "execute_code_rich" | "execute_code_background" => {
-            p::<ExecuteInSandboxArgs>(tool, args)
-        }
-        "execute_code_async" => p::<ExecuteAsyncArgs>(tool, args),
-        "create_sandbox" => p::<CreateSandboxArgs>(tool, args),
-        "list_sandboxes" => p::<ListSandboxesArgs>(tool, args),
-        "get_sandbox" | "delete_sandbox" | "pause_sandbox" | "resume_sandbox" => {
-            p::<IdArgs>(tool, args)
-        }
-        "update_sandbox_timeout" => p::<UpdateTimeoutArgs>(tool, args),
-        "list_templates" => p::<ListTemplatesArgs>(tool, args),
-        "get_template" => p::<GetTemplateArgs>(tool, args),
-        "execute_list_processes" | "list_processes" => p::<ProcessesArgs>(tool, args),
-        "execute_kill_process" => p::<KillArgs>(tool, args),
-        "file_read" | "file_download" => p::<ReadArgs>(tool, args),
-        "file_exists" | "file_remove" | "file_mkdir" => p::<PathArgs>(tool, args),
-        "file_write" => p::<FileWriteArgs>(tool, args),
-        "file_upload" => p::<FileUploadArgs>(tool, args),
-        "file_list" => p::<FileListArgs>(tool, args),
-        "env_get" | "env_clear" | "ping_vm" | "get_vm_info" | "get_agent_url" | "fork_sandbox"
-        | "snapshot_sandbox" => p::<SandboxArgs>(tool, args),
-        "delete_snapshot" => p::<SnapshotArgs>(tool, args),
-        "env_set" => p::<EnvSetArgs>(tool, args),
-        "run_command" | "run_command_background" => p::<RunCommandArgs>(tool, args),
-        // It reads no arguments.
-        "health" | "list_snapshots" => Ok(()),
-        "get_system_metrics" => p::<MetricsArgs>(tool, args),
-        "cache_stats" | "cache_clear" => p::<OptionalSandboxArgs>(tool, args),
-        "get_preview_url" => p::<PortArgs>(tool, args),
-        other => Err(error_result(json!({
-            "error": "Unknown tool",
-            "message": format!("Unknown tool: {other}"),
-        }))),
+        let Value::Object(args) = args else {
+            return Err(error_result(json!({
+                "error": "Invalid arguments",
+                "message": format!("Error executing tool {tool}: arguments must be an object"),
+            })));
+        };
+        let request = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
+        let call = self
+            .router
+            .call(ToolCallContext::new(self, request, parse_only(context)));
+        // Parsing is synchronous: a call that parses, or does not, is ready at its first poll.
+        let Poll::Ready(answer) = pin!(call).poll(&mut Context::from_waker(Waker::noop())) else {
+            panic!(
+                "{tool} ran instead of parsing: its arguments are not a tools::args::Parameters"
+            );
+        };
+        let failed = match &answer {
+            Err(e) if parsed(e) => return Ok(()),
+            Err(_) => true,
+            Ok(CallToolResponse::Complete(r)) => r.is_error == Some(true),
+            Ok(_) => false,
+        };
+        assert!(
+            failed,
+            "{tool} ran instead of parsing: its arguments are not a tools::args::Parameters"
+        );
+        Err(self.hopx_shaped(tool, answer))
     }
 }
 
@@ -82,23 +64,79 @@ pub fn parse_tool_args(tool: &str, args: Value) -> Result<(), CallToolResult> {
 mod tests {
     use super::*;
 
+    /// A server (offline, no runtimes, sandboxes in a temp dir) and a request context of its.
+    fn with_server(f: impl FnOnce(&WasmboxServer, &dyn Fn() -> RequestContext<RoleServer>)) {
+        let t = tempfile::tempdir().unwrap();
+        let mut config = crate::Config::from_env();
+        config.runtimes_dir = t.path().join("no-runtimes");
+        config.cache_dir = t.path().join("cache");
+        config.pooled_instances = 0;
+        config.cloud.api_key = None;
+        config.cloud.offline = true;
+        config.sandbox.data_dir = Some(t.path().join("data"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let server = WasmboxServer::new(crate::Wasmbox::new(config).unwrap());
+            let (io, _other_end) = tokio::io::duplex(1024);
+            let running = rmcp::service::serve_directly(server.clone(), io, None);
+            let context = || {
+                RequestContext::new(
+                    rmcp::model::NumberOrString::Number(1),
+                    running.peer().clone(),
+                )
+            };
+            f(&server, &context);
+        });
+    }
+
+    /// Every tool's arguments parse through the router without running it (a tool that ran
+    /// would panic here, or leave a sandbox behind), and fail as the call would.
     #[test]
     fn parses_for_every_routed_tool() {
-        let names = tool_names();
-        assert_eq!(names.len(), 43, "{names:?}");
-        for name in &names {
-            match parse_tool_args(name, json!({"sandbox_id": 1})) {
-                Ok(()) => {}
-                Err(r) => assert_eq!(
-                    crate::mcp::tools::reply::text_json(&r).unwrap()["error"],
-                    "Invalid arguments",
-                    "{name} has no parser here"
-                ),
+        with_server(|server, context| {
+            let parse = |tool: &str, args: Value| server.parse_tool_args(tool, args, context());
+            for name in tool_names() {
+                for args in [
+                    json!({"sandbox_id": 1}),
+                    json!({}),
+                    json!({"sandbox_id": "x", "id": "x", "path": "a", "code": "print(1)",
+                           "command": "ls", "env_vars": {}, "port": 1, "timeout": 60,
+                           "callback_url": "http://127.0.0.1:9/", "process_id": "p",
+                           "snapshot_id": "s", "template_name": "code-interpreter",
+                           "content": "", "language": "python"}),
+                ] {
+                    if let Err(r) = parse(&name, args) {
+                        assert_eq!(
+                            crate::mcp::tools::reply::text_json(&r).unwrap()["error"],
+                            "Invalid arguments",
+                            "{name}"
+                        );
+                    }
+                }
             }
-        }
-        assert!(parse_tool_args("file_read", json!({"sandbox_id": "x", "path": "a"})).is_ok());
-        assert!(parse_tool_args("nope", json!({})).is_err());
-        assert!(parse_tool_args("health", json!([])).is_err());
+            assert!(parse("file_read", json!({"sandbox_id": "x", "path": "a"})).is_ok());
+            assert!(parse("health", json!({})).is_ok());
+            let r = parse("file_read", json!({"sandbox_id": "x"})).unwrap_err();
+            let v = crate::mcp::tools::reply::text_json(&r).unwrap();
+            assert!(v["message"].as_str().unwrap().contains("path"), "{v}");
+            let r = parse("nope", json!({})).unwrap_err();
+            assert_eq!(
+                crate::mcp::tools::reply::text_json(&r).unwrap()["error"],
+                "Unknown tool"
+            );
+            assert!(parse("health", json!([])).is_err());
+            assert!(
+                server
+                    .wasmbox
+                    .sandboxes()
+                    .list(crate::sandbox::LOCAL_OWNER)
+                    .is_empty(),
+                "a tool ran"
+            );
+        });
     }
 
     /// A property schema that is a bare `true` (what schemars gives `serde_json::Value`) is

@@ -3,13 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::args::{IdArgs, SandboxArgs, lenient, lenient_opt};
+use super::args::{IdArgs, Parameters, SandboxArgs, lenient, lenient_opt};
 use super::reply::{Reply, ToolError, ToolResult, schema};
 use super::server::template_names;
 use super::{Target, VERSION, WasmboxServer, not_found};

@@ -1,12 +1,11 @@
 //! The server itself: health, metrics, caches and templates.
 
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::args::{OptionalSandboxArgs, lenient};
+use super::args::{NoArgs, OptionalSandboxArgs, Parameters, lenient};
 use super::reply::{Reply, ToolError, ToolResult, schema};
 use super::{VERSION, WasmboxServer};
 use crate::config::MIB;
@@ -65,7 +64,7 @@ impl WasmboxServer {
         annotations(read_only_hint = true, open_world_hint = false),
         output_schema = schema::<Report>()
     )]
-    async fn health(&self) -> ToolResult<Report> {
+    async fn health(&self, Parameters(_): Parameters<NoArgs>) -> ToolResult<Report> {
         Ok(Reply::json(json!({
             "status": "ok",
             "server": "wasmbox",

@@ -1,13 +1,13 @@
 //! Interpreter state as something to copy: forks of a live sandbox, and snapshots new sandboxes
 //! start from (`create_sandbox(from_snapshot=...)`). Ours: HOPX has none.
 
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::args::SandboxArgs;
+use super::args::{NoArgs, Parameters};
 use super::reply::{Reply, ToolError, ToolResult, fit_list, on_disk, schema};
 use super::sandboxes::{SandboxReply, created};
 use super::{WasmboxServer, not_found};
@@ -144,7 +144,7 @@ impl WasmboxServer {
         annotations(read_only_hint = true, open_world_hint = false),
         output_schema = schema::<SnapshotList>()
     )]
-    async fn list_snapshots(&self) -> ToolResult<SnapshotList> {
+    async fn list_snapshots(&self, Parameters(_): Parameters<NoArgs>) -> ToolResult<SnapshotList> {
         let (sandboxes, owner) = (self.wasmbox.sandboxes().clone(), self.owner.clone());
         let budget = self.wasmbox.config().result_bytes;
         // Reads every snapshot's meta.json: off the runtime's workers.
