@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from mcp import ClientSession, StdioServerParameters
+from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 
 
@@ -51,11 +51,19 @@ async def measure(binary: str, rounds: int) -> dict[str, dict[str, list[float]]]
     async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
         await s.initialize()
         sb = (await s.call_tool("create_sandbox", {})).structured_content["id"]
+        def unchecked(name: str, args: dict):
+            """tools/call without the SDK's check of the result against the output schema."""
+            req = types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=args))
+            return s.send_request(req, s._call_tool_adapter)
+
+        await s.list_tools()
         calls = {
             "ping": lambda: s.send_ping(),
             "health": lambda: s.call_tool("health", {}),
             "one-shot": lambda: s.call_tool("execute_code", {"code": "print(1+1)"}),
             "turn": lambda: s.call_tool("execute_code", {"code": "x += 1", "mode": "persistent", "sandbox_id": sb}),
+            "health*": lambda: unchecked("health", {}),
+            "one-shot*": lambda: unchecked("execute_code", {"code": "print(1+1)"}),
         }
         await s.call_tool("execute_code", {"code": "x = 0", "mode": "persistent", "sandbox_id": sb})
         for _ in range(20):  # warm: runtimes loaded, pools full, the session live
@@ -71,7 +79,7 @@ async def measure(binary: str, rounds: int) -> dict[str, dict[str, list[float]]]
                     t = time.perf_counter()
                     r = await f()
                     times[name].append(time.perf_counter() - t)
-                    if name in ("one-shot", "turn"):
+                    if name in ("one-shot", "turn", "one-shot*"):
                         assert r.structured_content["exit_code"] == 0, r
             out[rhythm] = times
         await s.call_tool("delete_sandbox", {"id": sb})
@@ -84,9 +92,10 @@ def main() -> int:
     out = asyncio.run(measure(binary, rounds))
     lib = library_p50(100)
     print(f"{'call':<10} {'20 ms apart p50':>16} {'back to back p50':>17}  (official MCP SDK, stdio, {rounds} rounds)")
-    for name in ("ping", "health", "one-shot", "turn"):
+    for name in ("ping", "health", "one-shot", "turn", "health*", "one-shot*"):
         print(f"{name:<10} {p50(out['20 ms apart'][name]):>13.3f} ms {p50(out['back to back'][name]):>14.3f} ms")
     if lib is not None:
+        print("* without the SDK's own check of the result against the tool's output schema (client work)")
         print(f"{'library':<10} {lib:>13.3f} ms  (pool-hit print(1+1) through Wasmbox::execute)")
         for rhythm in ("20 ms apart", "back to back"):
             t = out[rhythm]
