@@ -30,7 +30,7 @@ pub struct ModuleCache {
 }
 
 /// What the module cache holds, for `cache_stats`.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, schemars::JsonSchema)]
 pub struct CacheStats {
     pub dir: PathBuf,
     pub files: u64,

@@ -69,7 +69,7 @@ struct Shared<T, E> {
 }
 
 /// Counters for `get_system_metrics`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct PoolStats {
     pub name: String,
     pub ready: usize,

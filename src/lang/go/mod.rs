@@ -36,7 +36,7 @@ use toolchain::*;
 pub use toolchain::{GO_BUILD_FLAGS, GoToolchain, build_env, find_go, pinned_go};
 
 /// Counters for `health`: a repeat snippet is a hit, a new one a build.
-#[derive(Default, Debug, Clone, Copy, Serialize)]
+#[derive(Default, Debug, Clone, Copy, Serialize, schemars::JsonSchema)]
 pub struct GoCacheStats {
     /// Snippets built with the Go toolchain.
     pub builds: u64,

@@ -6,9 +6,10 @@ use serde_json::{Value, json};
 
 use super::WasmboxServer;
 use super::commands::{ProcessList, RunCommandArgs};
+use super::error::ToolError;
 use super::exec::{BACKGROUND_MAX_TIMEOUT, BACKGROUND_TIMEOUT, ExecuteInSandboxArgs, Mode};
 use super::exec_reply::{ExecReply, exec_error, fit_output};
-use super::reply::{Reply, ToolError, ToolResult, fit_list, max_results, output_share};
+use super::reply::{Json, fit_list, output_share, shown};
 use super::sandboxes::SandboxReply;
 use crate::cloud::{CloudError, CommandRequest, ExecuteRequest};
 use crate::lang::guest::WORKSPACE_GUEST;
@@ -23,14 +24,12 @@ impl WasmboxServer {
         tool: &str,
         csb: &crate::CloudSandbox,
         work: impl Future<Output = Result<Value, CloudError>>,
-    ) -> ToolResult<T> {
+    ) -> Result<Json<T>, ToolError> {
         let cancel = super::call_cancel();
         let out = tokio::select! {
             r = work => r,
             _ = crate::cancelled(cancel.as_deref()) => {
-                return Err(ToolError::new(
-                    exec_error("cloud", &crate::Error::Cancelled(""), None).0,
-                ));
+                return Err(exec_error("cloud", &crate::Error::Cancelled(""), None));
             }
         };
         match out {
@@ -38,19 +37,19 @@ impl WasmboxServer {
                 if v.is_object() {
                     v["location"] = json!("cloud");
                 }
-                Ok(Reply::json(v))
+                Ok(Json::forwarded(v))
             }
             Err(e) => {
                 let gone = matches!(e, CloudError::NotFound { .. });
-                Err(ToolError::new(json!({
-                    "error": if gone { "Not found".to_string() } else { format!("{tool} failed in the cloud") },
-                    "exception": e.to_string(),
-                    "sandbox_id": csb.id,
-                    "stdout": "",
-                    "stderr": e.to_string(),
-                    "exit_code": 1,
-                    "location": "cloud",
-                })))
+                let error = if gone {
+                    "Not found".to_string()
+                } else {
+                    format!("{tool} failed in the cloud")
+                };
+                Err(ToolError::exception(error, e)
+                    .with("sandbox_id", &csb.id)
+                    .for_run()
+                    .with("location", "cloud"))
             }
         }
     }
@@ -62,7 +61,7 @@ impl WasmboxServer {
         tool: &str,
         mode: Mode,
         a: ExecuteInSandboxArgs,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         let sb = &csb.sandbox;
         let background = mode == Mode::Background;
         let mut req = ExecuteRequest::new(a.language.clone(), a.code);
@@ -92,7 +91,7 @@ impl WasmboxServer {
         csb: &crate::CloudSandbox,
         a: RunCommandArgs,
         background: bool,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         let sb = &csb.sandbox;
         let mut req = CommandRequest::new(a.command.clone());
         req.timeout = self.cloud_timeout(a.timeout, background);
@@ -123,14 +122,13 @@ impl WasmboxServer {
         tool: &str,
         csb: &crate::CloudSandbox,
         max: i64,
-    ) -> ToolResult<ProcessList> {
+    ) -> Result<Json<ProcessList>, ToolError> {
         let budget = self.wasmbox.config().result_bytes;
         let work = async {
             let p = csb.sandbox.list_processes().await?;
-            let total = p.len();
-            let shown = max_results(max, total);
-            let share = output_share(budget, shown);
-            let p = p.into_iter().take(shown).map(|mut p| {
+            let (count, truncated, total) = shown(max, p.len());
+            let share = output_share(budget, count);
+            let p = p.into_iter().take(count).map(|mut p| {
                 for k in ["stdout", "stderr"] {
                     if let Some(s) = p[k].as_str() {
                         let kept = crate::fit::json_prefix(s, share);
@@ -142,14 +140,14 @@ impl WasmboxServer {
                 }
                 p
             });
-            Ok(fit_list(
-                json!({}),
-                "processes",
-                p,
-                total,
-                shown < total,
-                budget,
-            ))
+            let mut v = json!(ProcessList {
+                count,
+                processes: p.collect(),
+                truncated,
+                total_processes: total,
+            });
+            fit_list(&mut v, "processes", budget);
+            Ok(v)
         };
         self.in_cloud(tool, csb, work).await
     }
@@ -158,11 +156,11 @@ impl WasmboxServer {
     pub(super) async fn info_in_cloud(
         &self,
         csb: &crate::CloudSandbox,
-    ) -> ToolResult<SandboxReply> {
+    ) -> Result<Json<SandboxReply>, ToolError> {
         let client = self
             .wasmbox
             .cloud()
-            .map_err(|e| ToolError::new(exec_error("cloud", &e, None).0))?;
+            .map_err(|e| exec_error("cloud", &e, None))?;
         let work = async {
             let info = client.get_sandbox(csb.sandbox.id()).await?;
             Ok(json!({

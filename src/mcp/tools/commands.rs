@@ -7,9 +7,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::args::{Env, Parameters, lenient, lenient_opt};
+use super::error::ToolError;
 use super::exec::{BACKGROUND_MAX_TIMEOUT, BACKGROUND_TIMEOUT};
 use super::exec_reply::ExecReply;
-use super::reply::{Reply, ToolError, ToolResult, fit_list, max_results, output_share, schema};
+use super::reply::{Json, fit_list, output_share, shown};
 use super::{Target, WasmboxServer};
 use crate::lang::guest::WORKSPACE_GUEST;
 use crate::lang::python::literal;
@@ -78,13 +79,17 @@ impl WasmboxServer {
         name = "run_command",
         title = "Run a command",
         description = "Run a command in a sandbox. Local sandboxes run language commands (python file.py, python -c, node file.js, go run main.go) in a fresh process on the sandbox's files; shell commands need a cloud sandbox (HOPX_API_KEY). Returns stdout, stderr, exit_code.",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
-        output_schema = schema::<ExecReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn run_command(
         &self,
         Parameters(a): Parameters<RunCommandArgs>,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         self.command(a, false).await
     }
 
@@ -92,13 +97,17 @@ impl WasmboxServer {
         name = "run_command_background",
         title = "Start a command in the background",
         description = "Start a command in a sandbox in the background; returns a process_id (see execute_list_processes).",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
-        output_schema = schema::<ExecReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn run_command_background(
         &self,
         Parameters(a): Parameters<RunCommandArgs>,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         self.command(a, true).await
     }
 
@@ -106,13 +115,12 @@ impl WasmboxServer {
         name = "execute_list_processes",
         title = "List background executions",
         description = "List a sandbox's background executions with status, exit code and output so far.",
-        annotations(read_only_hint = true, open_world_hint = true),
-        output_schema = schema::<ProcessList>()
+        annotations(read_only_hint = true, open_world_hint = true)
     )]
     async fn execute_list_processes(
         &self,
         Parameters(a): Parameters<ProcessesArgs>,
-    ) -> ToolResult<ProcessList> {
+    ) -> Result<Json<ProcessList>, ToolError> {
         self.list_jobs("execute_list_processes", a).await
     }
 
@@ -120,13 +128,12 @@ impl WasmboxServer {
         name = "list_processes",
         title = "List what runs in a sandbox",
         description = "List what runs in a sandbox (its background executions; sandboxes have no OS processes).",
-        annotations(read_only_hint = true, open_world_hint = true),
-        output_schema = schema::<ProcessList>()
+        annotations(read_only_hint = true, open_world_hint = true)
     )]
     async fn list_processes(
         &self,
         Parameters(a): Parameters<ProcessesArgs>,
-    ) -> ToolResult<ProcessList> {
+    ) -> Result<Json<ProcessList>, ToolError> {
         self.list_jobs("list_processes", a).await
     }
 
@@ -134,13 +141,17 @@ impl WasmboxServer {
         name = "execute_kill_process",
         title = "Stop a background execution",
         description = "Stop a background execution.",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
-        output_schema = schema::<Killed>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
     )]
     async fn execute_kill_process(
         &self,
         Parameters(a): Parameters<KillArgs>,
-    ) -> ToolResult<Killed> {
+    ) -> Result<Json<Killed>, ToolError> {
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => {
@@ -152,16 +163,12 @@ impl WasmboxServer {
             }
         };
         let job = sb.job(&a.process_id).map_err(|e| {
-            ToolError::new(json!({
-                "error": "Failed to kill process",
-                "exception": e.to_string(),
-                "process_id": a.process_id,
-            }))
+            ToolError::exception("Failed to kill process", e).with("process_id", &a.process_id)
         })?;
-        let was_running = job.running();
+        let wfor_running = job.running();
         job.kill();
-        Ok(Reply::new(Killed {
-            status: if was_running {
+        Ok(Json::new(Killed {
+            status: if wfor_running {
                 "killed"
             } else {
                 "already_ended"
@@ -173,47 +180,48 @@ impl WasmboxServer {
 }
 
 impl WasmboxServer {
-    async fn list_jobs(&self, tool: &str, a: ProcessesArgs) -> ToolResult<ProcessList> {
+    async fn list_jobs(
+        &self,
+        tool: &str,
+        a: ProcessesArgs,
+    ) -> Result<Json<ProcessList>, ToolError> {
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => return self.processes_in_cloud(tool, &c, a.max_results).await,
         };
         let budget = self.wasmbox.config().result_bytes;
-        Ok(Reply::json(sb.with_jobs(|jobs| {
-            let total = jobs.len();
-            let shown = max_results(a.max_results, total);
-            let share = output_share(budget, shown);
-            let processes = jobs.iter().take(shown).map(|j| json!(j.info(share)));
-            fit_list(
-                json!({}),
-                "processes",
-                processes,
-                total,
-                shown < total,
-                budget,
-            )
-        })))
+        Ok(sb.with_jobs(|jobs| {
+            let (count, truncated, total_processes) = shown(a.max_results, jobs.len());
+            let share = output_share(budget, count);
+            let list = ProcessList {
+                count,
+                processes: jobs
+                    .iter()
+                    .take(count)
+                    .map(|j| json!(j.info(share)))
+                    .collect(),
+                truncated,
+                total_processes,
+            };
+            Json::fitted(list, |v| fit_list(v, "processes", budget))
+        }))
     }
 
     /// A command line on a local sandbox: language commands run locally, in a fresh process-like
     /// instance on the sandbox's files; shell commands are refused with the way to get a shell.
-    async fn command(&self, a: RunCommandArgs, background: bool) -> ToolResult<ExecReply> {
+    async fn command(
+        &self,
+        a: RunCommandArgs,
+        background: bool,
+    ) -> Result<Json<ExecReply>, ToolError> {
         let run_error = |error: &str, msg: String| {
-            ToolError::new(json!({
-                "error": error,
-                "exception": msg,
-                "stdout": "",
-                "stderr": msg,
-                "exit_code": 1,
-                "command": a.command,
-            }))
+            ToolError::exception(error, msg)
+                .for_run()
+                .with("command", &a.command)
         };
-        let target = self.target(&a.sandbox_id, "sandbox_id").map_err(|e| {
-            let why = e.0["message"].clone();
-            e.with("stdout", "")
-                .with("stderr", why)
-                .with("exit_code", 1)
-        })?;
+        let target = self
+            .target(&a.sandbox_id, "sandbox_id")
+            .map_err(ToolError::for_run)?;
         let sb = match target {
             Target::Local(sb) => sb,
             Target::Cloud(c) => return self.command_in_cloud(&c, a, background).await,
@@ -271,7 +279,7 @@ impl WasmboxServer {
                 .start_job(&sb, req, Some(&cwd), a.name.clone())
                 .await
                 .map_err(|e| run_error("Failed to run command in background", e.to_string()))?;
-            return Ok(Reply::new(ExecReply {
+            return Ok(Json::new(ExecReply {
                 process_id: Some(job.id.clone()),
                 status: Some("running".into()),
                 message: Some(format!("Background process started: {}", job.id)),

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::args::{Parameters, SandboxArgs, lenient};
-use super::reply::{Reply, ToolError, ToolResult, schema};
+use super::error::ToolError;
+use super::reply::Json;
 use super::{Target, WasmboxServer};
 
 fn default_true() -> bool {
@@ -74,10 +75,12 @@ impl WasmboxServer {
         name = "env_get",
         title = "Get environment variables",
         description = "A sandbox's environment variables.",
-        annotations(read_only_hint = true, open_world_hint = true),
-        output_schema = schema::<EnvReply>()
+        annotations(read_only_hint = true, open_world_hint = true)
     )]
-    async fn env_get(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<EnvReply> {
+    async fn env_get(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+    ) -> Result<Json<EnvReply>, ToolError> {
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => {
@@ -85,7 +88,7 @@ impl WasmboxServer {
                 return self.in_cloud("env_get", &c, work).await;
             }
         };
-        Ok(Reply::new(EnvReply {
+        Ok(Json::new(EnvReply {
             env_vars: Some(sb.env()),
             status: None,
             ..EnvReply::status("")
@@ -96,10 +99,17 @@ impl WasmboxServer {
         name = "env_set",
         title = "Set environment variables",
         description = "Set a sandbox's environment variables (merge, or replace with merge=false); every later execution in every language sees them.",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
-        output_schema = schema::<EnvReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
     )]
-    async fn env_set(&self, Parameters(a): Parameters<EnvSetArgs>) -> ToolResult<EnvReply> {
+    async fn env_set(
+        &self,
+        Parameters(a): Parameters<EnvSetArgs>,
+    ) -> Result<Json<EnvReply>, ToolError> {
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => {
@@ -110,26 +120,28 @@ impl WasmboxServer {
                 return self.in_cloud("env_set", &c, work).await;
             }
         };
-        let failed = |e: String| {
-            ToolError::new(json!({
-                "error": "Failed to set environment variables",
-                "exception": e,
-            }))
-        };
+        let failed = |e: String| ToolError::exception("Failed to set environment variables", e);
         crate::check_env(&a.env_vars).map_err(|e| failed(e.to_string()))?;
         sb.set_env(&a.env_vars, a.merge)
             .map_err(|e| failed(e.to_string()))?;
-        Ok(Reply::new(EnvReply::set(&a.env_vars, a.merge)))
+        Ok(Json::new(EnvReply::set(&a.env_vars, a.merge)))
     }
 
     #[tool(
         name = "env_clear",
         title = "Clear environment variables",
         description = "Remove all of a sandbox's environment variables.",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
-        output_schema = schema::<EnvReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
     )]
-    async fn env_clear(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<EnvReply> {
+    async fn env_clear(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+    ) -> Result<Json<EnvReply>, ToolError> {
         match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb.clear_env(),
             Target::Cloud(c) => {
@@ -140,6 +152,6 @@ impl WasmboxServer {
                 return self.in_cloud("env_clear", &c, work).await;
             }
         }
-        Ok(Reply::new(EnvReply::status("cleared")))
+        Ok(Json::new(EnvReply::status("cleared")))
     }
 }

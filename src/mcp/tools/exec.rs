@@ -6,11 +6,11 @@ use std::time::Duration;
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
 
 use super::args::{Env, Parameters, default_language, language_schema, lenient_opt};
+use super::error::ToolError;
 use super::exec_reply::{ExecReply, exec_error};
-use super::reply::{Reply, ToolError, ToolResult, schema};
+use super::reply::Json;
 use super::{Target, WasmboxServer, call_cancel};
 use crate::{Error, ExecOptions};
 
@@ -191,21 +191,25 @@ impl WasmboxServer {
              figures come back as PNG images and a final DataFrame as HTML (rich_outputs). \
              'background': returns a process_id at once (see execute_list_processes). Returns stdout, \
              stderr, exit_code, execution_time, success, mode, sandbox_id (plus limit, truncated, notes).",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
-        output_schema = schema::<ExecReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn execute_code(
         &self,
         Parameters(a): Parameters<ExecuteCodeArgs>,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         let mode = a.mode.unwrap_or(Mode::Isolated);
         let Some(id) = a.sandbox_id.filter(|s| !s.is_empty()) else {
             if mode != Mode::Isolated {
-                return Err(ToolError::new(json!({
-                    "error": "Missing sandbox_id",
-                    "message": format!("Mode '{}' requires sandbox_id. Create sandbox first with create_sandbox() or use mode='isolated'.", mode.as_str()),
-                    "mode": mode.as_str(),
-                })));
+                return Err(ToolError::message(
+                    "Missing sandbox_id",
+                    format!("Mode '{}' requires sandbox_id. Create sandbox first with create_sandbox() or use mode='isolated'.", mode.as_str()),
+                )
+                .with("mode", mode.as_str()));
             }
             return self
                 .one_shot(OneShot {
@@ -265,13 +269,17 @@ impl WasmboxServer {
         name = "execute_code_isolated",
         title = "Run code in a fresh sandbox",
         description = "Run code as a one-shot in a fresh sandbox (same as execute_code with mode 'isolated').",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true),
-        output_schema = schema::<ExecReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn execute_code_isolated(
         &self,
         Parameters(a): Parameters<ExecuteCodeIsolatedArgs>,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         self.one_shot(OneShot {
             code: a.code,
             language: a.language,
@@ -288,13 +296,17 @@ impl WasmboxServer {
         name = "execute_code_persistent",
         title = "Run code in a sandbox's session",
         description = "Run code in a sandbox's live session (same as execute_code with mode 'persistent').",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
-        output_schema = schema::<ExecReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn execute_code_persistent(
         &self,
         Parameters(a): Parameters<ExecuteInSandboxArgs>,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         self.in_sandbox("execute_code_persistent", Mode::Persistent, a)
             .await
     }
@@ -303,13 +315,17 @@ impl WasmboxServer {
         name = "execute_code_rich",
         title = "Run code, with plots and tables",
         description = "Run code in a sandbox's session and return plots as PNG images and a final DataFrame as HTML (execute_code mode 'rich').",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
-        output_schema = schema::<ExecReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn execute_code_rich(
         &self,
         Parameters(a): Parameters<ExecuteInSandboxArgs>,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         self.in_sandbox("execute_code_rich", Mode::Rich, a).await
     }
 
@@ -317,13 +333,17 @@ impl WasmboxServer {
         name = "execute_code_background",
         title = "Start code in the background",
         description = "Start code in a sandbox in the background; returns a process_id at once (execute_code mode 'background').",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
-        output_schema = schema::<ExecReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn execute_code_background(
         &self,
         Parameters(a): Parameters<ExecuteInSandboxArgs>,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         self.in_sandbox("execute_code_background", Mode::Background, a)
             .await
     }
@@ -332,13 +352,17 @@ impl WasmboxServer {
         name = "execute_code_async",
         title = "Run code, result to a webhook",
         description = "Run code (in a sandbox, or as a one-shot) and POST the result as JSON to callback_url when done; returns an execution_id at once. The POST is signed: X-Wasmbox-Signature = sha256=HMAC-SHA256(secret, X-Wasmbox-Timestamp + '.' + body).",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
-        output_schema = schema::<ExecReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn execute_code_async(
         &self,
         Parameters(a): Parameters<ExecuteAsyncArgs>,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         let sb = match a.sandbox_id.as_deref().filter(|s| !s.is_empty()) {
             Some(id) => Some(self.local_sandbox(id, "sandbox_id", "execute_code_async")?),
             None => None,
@@ -364,7 +388,7 @@ impl WasmboxServer {
             )
             .await
             .map_err(fail)?;
-        Ok(Reply::new(ExecReply {
+        Ok(Json::new(ExecReply {
             execution_id: Some(id),
             status: Some("queued".into()),
             callback_url: Some(a.callback_url),
@@ -412,7 +436,7 @@ impl WasmboxServer {
         reply: ExecReply,
         r: &crate::ExecResult,
         rich: bool,
-    ) -> Reply<ExecReply> {
+    ) -> Json<ExecReply> {
         reply.answer(r, self.wasmbox.config().result_bytes, rich)
     }
 
@@ -422,7 +446,7 @@ impl WasmboxServer {
         tool: &str,
         mode: Mode,
         a: ExecuteInSandboxArgs,
-    ) -> ToolResult<ExecReply> {
+    ) -> Result<Json<ExecReply>, ToolError> {
         let m = mode.as_str();
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
@@ -448,7 +472,7 @@ impl WasmboxServer {
                 .start_job(&sb, req, a.working_dir.as_deref(), a.name.clone())
                 .await
                 .map_err(fail)?;
-            return Ok(Reply::new(ExecReply {
+            return Ok(Json::new(ExecReply {
                 process_id: Some(job.id.clone()),
                 execution_id: Some(job.id.clone()),
                 status: Some("running".into()),
@@ -478,7 +502,7 @@ impl WasmboxServer {
         Ok(self.answer(ExecReply::run(&r, m, &sb.id), &r, rich))
     }
 
-    async fn one_shot(&self, o: OneShot) -> ToolResult<ExecReply> {
+    async fn one_shot(&self, o: OneShot) -> Result<Json<ExecReply>, ToolError> {
         let provided = o.language.clone();
         let fail = |e: Error| exec_error("isolated", &e, Some(&provided));
         let req = self

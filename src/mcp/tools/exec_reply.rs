@@ -5,10 +5,10 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::reply::{Reply, ToolError, pretty};
+use super::error::ToolError;
+use super::reply::{Json, pretty};
 use crate::engine::limits::LimitHit;
 use crate::lang::Stage;
-use crate::sandbox::SandboxError;
 use crate::{Error, ExecResult, Language};
 
 /// What every execution tool answers (`execute_code*`, `run_command*`): one object whose fields
@@ -124,17 +124,18 @@ impl ExecReply {
 
     /// The answer as it goes out: a note on a missing module, the output fitted to `budget`,
     /// rich outputs (rich mode) and the images as image blocks.
-    pub fn answer(mut self, r: &ExecResult, budget: usize, rich: bool) -> Reply<ExecReply> {
+    pub fn answer(mut self, r: &ExecResult, budget: usize, rich: bool) -> Json<ExecReply> {
         if let Some(note) = missing_module_note(r) {
             self.notes.get_or_insert_with(Vec::new).push(note);
         }
-        let mut v = serde_json::to_value(self).unwrap_or_default();
-        // Rich outputs first: the streams get what they leave.
-        if rich {
-            add_rich(&mut v, r, budget);
-        }
-        fit_output(&mut v, &r.gaps, budget);
-        Reply::json(v).with_images(
+        Json::fitted(self, |v| {
+            // Rich outputs first: the streams get what they leave.
+            if rich {
+                add_rich(v, r, budget);
+            }
+            fit_output(v, &r.gaps, budget);
+        })
+        .with_images(
             r.rich
                 .iter()
                 .filter(|o| o.mime.starts_with("image/"))
@@ -258,43 +259,16 @@ fn add_rich(v: &mut Value, r: &ExecResult, budget: usize) {
 
 /// An execution that could not run, in HOPX's error shape, flagged `isError`.
 pub fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> ToolError {
-    use crate::engine::EngineError as E;
-    use crate::lang::LangError as L;
-    let (error, kind) = match e {
-        Error::Lang(L::UnknownLanguage(_)) => ("Invalid language", "InvalidLanguage"),
-        Error::Lang(L::LanguageNotAvailable(_)) => {
-            ("Language not available", "LanguageNotAvailable")
+    let err = ToolError::of(e)
+        .with("mode", mode)
+        .for_run()
+        .with("success", false);
+    match (e, provided) {
+        (Error::Lang(crate::lang::LangError::UnknownLanguage(_)), Some(p)) => {
+            err.with("provided", p)
         }
-        Error::Lang(L::InvalidArgument(_)) => ("Invalid arguments", "InvalidArgument"),
-        Error::Lang(L::RuntimeMissing { .. }) => ("Runtime missing", "RuntimeMissing"),
-        Error::Lang(L::Engine(E::Busy(_))) => ("Server busy", "Busy"),
-        Error::Cancelled(_) => ("Cancelled", "Cancelled"),
-        Error::Sandbox(SandboxError::NotFound(_)) => ("Sandbox not found", "SandboxNotFoundError"),
-        Error::Sandbox(_) => ("Invalid request", "SandboxError"),
-        Error::File(_) => ("Path not allowed", "FileError"),
-        Error::Snapshot(_) => ("Invalid request", "SnapshotError"),
-        Error::Webhook(_) => ("Invalid callback_url", "InvalidArgument"),
-        Error::Cloud(c) if c.is_unavailable() => ("Language not available", "CloudUnavailable"),
-        Error::Cloud(_) => ("Code execution failed", "CloudError"),
-        Error::Lang(L::Engine(E::Wasm(_) | E::Io { .. })) => {
-            ("Unexpected error during code execution", "EngineError")
-        }
-    };
-    let mut v = json!({
-        "error": error,
-        "message": e.to_string(),
-        "exception": e.to_string(),
-        "exception_type": kind,
-        "mode": mode,
-        "stdout": "",
-        "stderr": e.to_string(),
-        "exit_code": 1,
-        "success": false,
-    });
-    if let (Error::Lang(L::UnknownLanguage(_)), Some(p)) = (e, provided) {
-        v["provided"] = json!(p);
+        _ => err,
     }
-    ToolError::new(v)
 }
 
 /// What the bundled Python imports besides the standard library (each checked with `import`).

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::args::{Parameters, lenient, lenient_opt};
-use super::reply::{Reply, ToolError, ToolResult, fit_list, on_disk, pretty, schema};
+use super::error::ToolError;
+use super::reply::{Json, fit_list, on_disk, pretty, shown};
 use super::{Target, WasmboxServer};
 use crate::lang::guest::WORKSPACE_GUEST;
 use crate::sandbox::fs::FsError;
@@ -150,10 +151,12 @@ impl WasmboxServer {
         name = "file_read",
         title = "Read a text file",
         description = "Read a UTF-8 text file of a sandbox's /workspace, from offset (bytes, default 0), at most max_bytes (default and cap: the answer budget, 80,000 bytes), cut at a character boundary. Returns content, size_bytes (the file's size), offset, truncated (more follows) and next_offset (pass it as offset to go on).",
-        annotations(read_only_hint = true, open_world_hint = true),
-        output_schema = schema::<FileText>()
+        annotations(read_only_hint = true, open_world_hint = true)
     )]
-    async fn file_read(&self, Parameters(a): Parameters<ReadArgs>) -> ToolResult<FileText> {
+    async fn file_read(
+        &self,
+        Parameters(a): Parameters<ReadArgs>,
+    ) -> Result<Json<FileText>, ToolError> {
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => {
@@ -171,7 +174,7 @@ impl WasmboxServer {
                 .fs
                 .read_text(&a.path, a.offset.unwrap_or(0), room)
                 .map_err(|e| file_error("file_read", &a.path, &e))?;
-            Ok(Reply::new(FileText {
+            Ok(Json::new(FileText {
                 path: p.guest().into(),
                 size_bytes: w.size,
                 offset: w.offset,
@@ -187,10 +190,12 @@ impl WasmboxServer {
         name = "file_download",
         title = "Download a file",
         description = "Read a file of a sandbox's /workspace as base64, from offset (bytes, default 0), at most max_bytes (default and cap 4 MiB). Returns content_base64, size (bytes returned), size_bytes (the file's size), offset, truncated (more follows) and next_offset.",
-        annotations(read_only_hint = true, open_world_hint = true),
-        output_schema = schema::<FileBytes>()
+        annotations(read_only_hint = true, open_world_hint = true)
     )]
-    async fn file_download(&self, Parameters(a): Parameters<ReadArgs>) -> ToolResult<FileBytes> {
+    async fn file_download(
+        &self,
+        Parameters(a): Parameters<ReadArgs>,
+    ) -> Result<Json<FileBytes>, ToolError> {
         let sb = self.local_sandbox(&a.sandbox_id, "sandbox_id", "file_download")?;
         let cap = self.wasmbox.config().download_bytes;
         let max = a.max_bytes.map_or(cap, |m| m.min(cap as u64) as usize);
@@ -203,7 +208,7 @@ impl WasmboxServer {
             let whole = w.offset == 0 && !w.truncated;
             // An image also goes out as an image block, which clients show.
             let image = crate::lang::images::download_image(&w.data, whole, b64.len());
-            let reply = Reply::new(FileBytes {
+            let reply = Json::new(FileBytes {
                 path: p.guest().into(),
                 content_base64: b64.clone(),
                 size: w.data.len(),
@@ -225,13 +230,17 @@ impl WasmboxServer {
         name = "file_write",
         title = "Write a text file",
         description = "Write a UTF-8 text file in a sandbox's /workspace (parents are created). size is in characters.",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
-        output_schema = schema::<FileWritten>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
     )]
     async fn file_write(
         &self,
         Parameters(a): Parameters<FileWriteArgs>,
-    ) -> ToolResult<FileWritten> {
+    ) -> Result<Json<FileWritten>, ToolError> {
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => {
@@ -248,7 +257,7 @@ impl WasmboxServer {
                 .write(&a.path, a.content.as_bytes())
                 .map_err(|e| file_error("file_write", &a.path, &e))?;
             // HOPX counts characters.
-            Ok(Reply::new(FileWritten {
+            Ok(Json::new(FileWritten {
                 path: p.guest().into(),
                 size: a.content.chars().count(),
                 bytes: Some(a.content.len()),
@@ -261,29 +270,33 @@ impl WasmboxServer {
         name = "file_upload",
         title = "Upload a file",
         description = "Write binary content (base64) to a file in a sandbox's /workspace.",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
-        output_schema = schema::<FileWritten>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
     )]
     async fn file_upload(
         &self,
         Parameters(a): Parameters<FileUploadArgs>,
-    ) -> ToolResult<FileWritten> {
+    ) -> Result<Json<FileWritten>, ToolError> {
         let sb = self.local_sandbox(&a.sandbox_id, "sandbox_id", "file_upload")?;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(a.content_base64.trim())
             .map_err(|e| {
-                ToolError::new(json!({
-                    "error": "Invalid arguments",
-                    "message": format!("content_base64 is not valid base64: {e}"),
-                    "path": a.path,
-                }))
+                ToolError::message(
+                    "Invalid arguments",
+                    format!("content_base64 is not valid base64: {e}"),
+                )
+                .with("path", &a.path)
             })?;
         on_disk(move || {
             let p = sb
                 .fs
                 .write(&a.path, &bytes)
                 .map_err(|e| file_error("file_upload", &a.path, &e))?;
-            Ok(Reply::new(FileWritten {
+            Ok(Json::new(FileWritten {
                 path: p.guest().into(),
                 size: bytes.len(),
                 bytes: None,
@@ -296,17 +309,21 @@ impl WasmboxServer {
         name = "file_list",
         title = "List a directory",
         description = "List a directory of a sandbox's /workspace.",
-        annotations(read_only_hint = true, open_world_hint = true),
-        output_schema = schema::<FileListing>()
+        annotations(read_only_hint = true, open_world_hint = true)
     )]
-    async fn file_list(&self, Parameters(a): Parameters<FileListArgs>) -> ToolResult<FileListing> {
+    async fn file_list(
+        &self,
+        Parameters(a): Parameters<FileListArgs>,
+    ) -> Result<Json<FileListing>, ToolError> {
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => {
                 let budget = self.wasmbox.config().result_bytes;
                 let work = async {
                     let files = c.sandbox.list_files(&a.path).await?;
-                    Ok(listing(&a.path, &files, a.max_results, budget))
+                    let mut v = json!(listing(&a.path, &files, a.max_results));
+                    fit_list(&mut v, "files", budget);
+                    Ok(v)
                 };
                 return self.in_cloud("file_list", &c, work).await;
             }
@@ -317,12 +334,8 @@ impl WasmboxServer {
                 .fs
                 .list(&a.path)
                 .map_err(|e| file_error("file_list", &a.path, &e))?;
-            Ok(Reply::json(listing(
-                p.guest(),
-                &files,
-                a.max_results,
-                budget,
-            )))
+            let list = listing(p.guest(), &files, a.max_results);
+            Ok(Json::fitted(list, |v| fit_list(v, "files", budget)))
         })
         .await
     }
@@ -331,10 +344,12 @@ impl WasmboxServer {
         name = "file_exists",
         title = "Check a path",
         description = "Whether a path exists in a sandbox's /workspace.",
-        annotations(read_only_hint = true, open_world_hint = true),
-        output_schema = schema::<FileStatus>()
+        annotations(read_only_hint = true, open_world_hint = true)
     )]
-    async fn file_exists(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult<FileStatus> {
+    async fn file_exists(
+        &self,
+        Parameters(a): Parameters<PathArgs>,
+    ) -> Result<Json<FileStatus>, ToolError> {
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => {
@@ -350,7 +365,7 @@ impl WasmboxServer {
                 .fs
                 .exists(&a.path)
                 .map_err(|e| file_error("file_exists", &a.path, &e))?;
-            Ok(Reply::new(FileStatus {
+            Ok(Json::new(FileStatus {
                 path: p.guest().into(),
                 exists: Some(exists),
                 status: None,
@@ -363,10 +378,17 @@ impl WasmboxServer {
         name = "file_remove",
         title = "Remove a file or directory",
         description = "Remove a file or a directory (recursively) from a sandbox's /workspace.",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = true),
-        output_schema = schema::<FileStatus>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
     )]
-    async fn file_remove(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult<FileStatus> {
+    async fn file_remove(
+        &self,
+        Parameters(a): Parameters<PathArgs>,
+    ) -> Result<Json<FileStatus>, ToolError> {
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => {
@@ -391,10 +413,17 @@ impl WasmboxServer {
         name = "file_mkdir",
         title = "Create a directory",
         description = "Create a directory (and its parents) in a sandbox's /workspace.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = true),
-        output_schema = schema::<FileStatus>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
     )]
-    async fn file_mkdir(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult<FileStatus> {
+    async fn file_mkdir(
+        &self,
+        Parameters(a): Parameters<PathArgs>,
+    ) -> Result<Json<FileStatus>, ToolError> {
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => {
@@ -418,25 +447,19 @@ impl WasmboxServer {
 
 /// A directory's entries as file_list answers, local or cloud: at most `max_results`, within
 /// the answer's budget.
-fn listing<F: Serialize>(path: &str, files: &[F], max_results: i64, budget: usize) -> Value {
-    let total = files.len();
-    let shown = super::reply::max_results(max_results, total);
-    let entries = files
-        .iter()
-        .take(shown)
-        .map(|f| serde_json::to_value(f).unwrap_or_default());
-    fit_list(
-        json!({"path": path}),
-        "files",
-        entries,
-        total,
-        shown < total,
-        budget,
-    )
+fn listing<F: Serialize>(path: &str, files: &[F], max: i64) -> FileListing {
+    let (count, truncated, total_files) = shown(max, files.len());
+    FileListing {
+        path: path.into(),
+        count,
+        files: files.iter().take(count).map(|f| json!(f)).collect(),
+        truncated,
+        total_files,
+    }
 }
 
-fn status(path: String, status: &str) -> Reply<FileStatus> {
-    Reply::new(FileStatus {
+fn status(path: String, status: &str) -> Json<FileStatus> {
+    Json::new(FileStatus {
         path,
         exists: None,
         status: Some(status.into()),
@@ -461,12 +484,7 @@ pub fn file_error(tool: &str, path: &str, e: &FsError) -> ToolError {
             }
         ),
     };
-    ToolError::new(json!({
-        "error": error,
-        "path": path,
-        "message": e.to_string(),
-        "exception": e.to_string(),
-    }))
+    ToolError::both(error, e).with("path", path)
 }
 
 /// The bytes of JSON text a file_read's content may take: `max_bytes` within the budget, less

@@ -8,10 +8,10 @@ use rmcp::RoleServer;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{CallToolRequestParams, CallToolResponse};
 use rmcp::service::RequestContext;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::args::{parse_only, parsed};
-use super::reply::error_result;
+use super::error::ToolError;
 use super::{CallToolResult, WasmboxServer};
 
 /// Every tool name the server routes.
@@ -31,10 +31,11 @@ impl WasmboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<(), CallToolResult> {
         let Value::Object(args) = args else {
-            return Err(error_result(json!({
-                "error": "Invalid arguments",
-                "message": format!("Error executing tool {tool}: arguments must be an object"),
-            })));
+            return Err(ToolError::message(
+                "Invalid arguments",
+                format!("Error executing tool {tool}: arguments must be an object"),
+            )
+            .into_result());
         };
         let request = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
         let call = self
@@ -63,6 +64,7 @@ impl WasmboxServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// A server (offline, no runtimes, sandboxes in a temp dir) and a request context of its.
     fn with_server(f: impl FnOnce(&WasmboxServer, &dyn Fn() -> RequestContext<RoleServer>)) {

@@ -18,17 +18,17 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
-use serde_json::json;
 
 use crate::Wasmbox;
 use crate::engine::limits::{Stop, StopReason};
-use crate::sandbox::{LOCAL_OWNER, Sandbox, SandboxError};
-use reply::{ToolError, error_result};
+use crate::sandbox::{LOCAL_OWNER, Sandbox};
+use error::{ToolError, not_found};
 
 mod args;
 mod cloud;
 mod commands;
 mod env;
+mod error;
 mod exec;
 mod exec_reply;
 mod files;
@@ -162,18 +162,21 @@ impl WasmboxServer {
             // The call's cancel flag goes along: a tool's cloud path is cancelled with the call.
             let cancel = call_cancel().unwrap_or_default();
             tokio::task::spawn_blocking(move || {
-                handle.block_on(CALL_CANCEL.scope(
-                    cancel,
-                    this.router
-                        .call(ToolCallContext::new(&this, request, context)),
-                ))
+                handle.block_on(
+                    CALL_CANCEL.scope(
+                        cancel,
+                        this.router
+                            .call(ToolCallContext::new(&this, request, context)),
+                    ),
+                )
             })
             .await
             .unwrap_or_else(|_| {
-                Ok(error_result(json!({
-                    "error": "Internal error",
-                    "exception": "the tool failed inside wasmbox (a host panic); other calls are unaffected",
-                }))
+                Ok(ToolError::exception(
+                    "Internal error",
+                    "the tool failed inside wasmbox (a host panic); other calls are unaffected",
+                )
+                .into_result()
                 .into())
             })
         };
@@ -199,30 +202,38 @@ impl WasmboxServer {
                     .map(|t| t.text.clone())
                     .unwrap_or_default();
                 let why = text.strip_prefix(BAD_ARGS).unwrap_or(&text);
-                error_result(json!({
-                    "error": "Invalid arguments",
-                    "message": format!("Error executing tool {name}: invalid arguments: {why}"),
-                }))
+                ToolError::message(
+                    "Invalid arguments",
+                    format!("Error executing tool {name}: invalid arguments: {why}"),
+                )
+                .into_result()
             }
             Ok(CallToolResponse::Complete(r)) => r,
-            Ok(_) => error_result(json!({
-                "error": "Internal error",
-                "message": format!("{name} gave an answer of a kind wasmbox does not send"),
-            })),
+            Ok(_) => ToolError::message(
+                "Internal error",
+                format!("{name} gave an answer of a kind wasmbox does not send"),
+            )
+            .into_result(),
             Err(e) if !self.router.has_route(name) => {
                 tracing::debug!("unknown tool {name}: {}", e.message);
-                error_result(json!({
-                    "error": "Unknown tool",
-                    "message": format!(
+                ToolError::message(
+                    "Unknown tool",
+                    format!(
                         "Unknown tool: {name}. Available tools: {}",
-                        self.tools.iter().map(|t| t.name.as_ref()).collect::<Vec<_>>().join(", ")
+                        self.tools
+                            .iter()
+                            .map(|t| t.name.as_ref())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
-                }))
+                )
+                .into_result()
             }
-            Err(e) => error_result(json!({
-                "error": "Invalid request",
-                "message": format!("Error executing tool {name}: {}", e.message),
-            })),
+            Err(e) => ToolError::message(
+                "Invalid request",
+                format!("Error executing tool {name}: {}", e.message),
+            )
+            .into_result(),
         }
     }
 
@@ -241,11 +252,14 @@ impl WasmboxServer {
     fn local_sandbox(&self, id: &str, key: &str, tool: &str) -> Result<Arc<Sandbox>, ToolError> {
         match self.target(id, key)? {
             Target::Local(sb) => Ok(sb),
-            Target::Cloud(c) => Err(ToolError::new(json!({
-                "error": "Not supported for cloud sandboxes",
-                "message": format!("{tool} is not available for cloud sandbox {}; it works on local sandboxes", c.id),
-                "sandbox_id": c.id,
-            }))),
+            Target::Cloud(c) => Err(ToolError::message(
+                "Not supported for cloud sandboxes",
+                format!(
+                    "{tool} is not available for cloud sandbox {}; it works on local sandboxes",
+                    c.id
+                ),
+            )
+            .with("sandbox_id", &c.id)),
         }
     }
 
@@ -272,16 +286,6 @@ impl WasmboxServer {
 enum Target {
     Local(Arc<Sandbox>),
     Cloud(Arc<crate::CloudSandbox>),
-}
-
-/// HOPX's not-found shape for a sandbox; other sandbox errors keep their message.
-fn not_found(e: &SandboxError, key: &str, id: &str) -> ToolError {
-    let mut v = json!({"error": "Sandbox not found", "message": e.to_string()});
-    if !matches!(e, SandboxError::NotFound(_)) {
-        v["error"] = json!("Invalid request");
-    }
-    v[key] = json!(id);
-    ToolError::new(v)
 }
 
 impl ServerHandler for WasmboxServer {
@@ -332,22 +336,24 @@ impl ServerHandler for WasmboxServer {
         };
         let Some(owner) = owner else {
             tracing::error!(tool = %request.name, "HTTP tool call without an owner refused");
-            return Ok(error_result(json!({
-                "error": "Unauthenticated request",
-                "exception": "this HTTP request reached the tools with no authenticated owner (a bearer token); refused rather than served as the local owner",
-                "error_type": "AuthenticationError",
-            }))
+            return Ok(ToolError::exception(
+                "Unauthenticated request",
+                "this HTTP request reached the tools with no authenticated owner (a bearer token); refused rather than served as the local owner",
+            )
+            .with("error_type", "AuthenticationError")
+            .into_result()
             .into());
         };
         let Ok(_permit) = owner.calls.clone().try_acquire_owned() else {
-            return Ok(error_result(json!({
-                "error": "Too many concurrent calls",
-                "exception": format!(
+            return Ok(ToolError::exception(
+                "Too many concurrent calls",
+                format!(
                     "this token already has {} tool calls running (its limit; WASMBOX_TOKEN_CONCURRENCY raises it): wait for one to finish",
                     owner.max_calls
                 ),
-                "error_type": "RateLimitError",
-            }))
+            )
+            .with("error_type", "RateLimitError")
+            .into_result()
             .into());
         };
         let mut this = self.clone();

@@ -1,33 +1,48 @@
-//! How a tool answers: [`Reply`] (a typed HOPX result, as 2-space-indented JSON text plus
-//! `structuredContent`, and any image blocks) or [`ToolError`] (HOPX's error JSON, `isError`).
+//! How a tool answers: [`Json`], a typed HOPX result, as 2-space-indented JSON text plus
+//! `structuredContent`, and any image blocks (a failure is a [`super::error::ToolError`]).
 
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 use rmcp::handler::server::tool::IntoCallToolResult;
-use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject};
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock};
 use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-/// A tool's answer of type `T`. It holds `T` as JSON because the answer is fitted to the
-/// result budget after it is built (long output cut, lists shortened); `T` gives the schema.
-pub struct Reply<T> {
+use super::error::ToolError;
+
+/// A tool's answer of type `T`. The `#[tool]` macro takes a tool's output schema from the `T` of
+/// its `Result<Json<T>, _>`, and every answer is made from a `T`, so the two cannot drift. It
+/// holds `T` as JSON because an answer may be fitted to the result budget once built (long
+/// output cut, lists shortened), which keeps its fields and their types.
+pub struct Json<T> {
     value: Value,
     images: Vec<ContentBlock>,
     shape: PhantomData<fn() -> T>,
 }
 
-impl<T: Serialize> Reply<T> {
+impl<T: Serialize + JsonSchema> Json<T> {
     pub fn new(t: T) -> Self {
-        Self::json(serde_json::to_value(t).unwrap_or_else(|e| json!({"error": e.to_string()})))
+        Self::fitted(t, |_| {})
+    }
+
+    /// `t`, then `fit` on its JSON: it may shorten strings and lists and fill fields `T`
+    /// declares, never add another or retype one.
+    pub fn fitted(t: T, fit: impl FnOnce(&mut Value)) -> Self {
+        let mut value = serde_json::to_value(t).unwrap_or_else(|e| json!({"error": e.to_string()}));
+        fit(&mut value);
+        Json {
+            value,
+            images: Vec::new(),
+            shape: PhantomData,
+        }
     }
 }
 
-impl<T> Reply<T> {
-    /// An answer already in `T`'s shape as JSON.
-    pub fn json(value: Value) -> Self {
-        Reply {
+impl<T> Json<T> {
+    /// An answer of HOPX's cloud, passed on as HOPX gave it (its fields are HOPX's).
+    pub(super) fn forwarded(value: Value) -> Self {
+        Json {
             value,
             images: Vec::new(),
             shape: PhantomData,
@@ -50,7 +65,7 @@ impl<T> Reply<T> {
     }
 }
 
-impl<T> IntoCallToolResult for Reply<T> {
+impl<T> IntoCallToolResult for Json<T> {
     fn into_call_tool_result(self) -> Result<CallToolResponse, rmcp::ErrorData> {
         let mut r = ok_result(self.value);
         r.content.extend(self.images);
@@ -58,51 +73,11 @@ impl<T> IntoCallToolResult for Reply<T> {
     }
 }
 
-/// A failed call in HOPX's error shape (`error`, `message`/`exception`, ...), sent with
-/// `isError: true` so that clients and models see it failed.
-#[derive(Debug)]
-pub struct ToolError(pub Value);
-
-impl ToolError {
-    pub fn new(value: Value) -> Self {
-        ToolError(value)
-    }
-
-    /// A field added to the error object.
-    pub fn with(mut self, key: &str, value: impl Serialize) -> Self {
-        if let Value::Object(m) = &mut self.0 {
-            m.insert(key.into(), json!(value));
-        }
-        self
-    }
-}
-
-impl IntoCallToolResult for ToolError {
-    fn into_call_tool_result(self) -> Result<CallToolResponse, rmcp::ErrorData> {
-        Ok(error_result(self.0).into())
-    }
-}
-
-/// What every tool function returns.
-pub type ToolResult<T> = Result<Reply<T>, ToolError>;
-
-/// `T`'s output schema, as `tools/list` shows it.
-pub fn schema<T: JsonSchema + 'static>() -> Arc<JsonObject> {
-    rmcp::handler::server::tool::schema_for_output::<T>()
-}
-
 /// A result object as HOPX sends it (2-space-indented JSON text) plus `structuredContent`.
 pub fn ok_result(value: Value) -> CallToolResult {
     let mut r = CallToolResult::success(vec![ContentBlock::text(pretty(&value))]);
     r.structured_content = Some(value);
     r
-}
-
-/// An error goes as its text block only: the TypeScript SDK (the MCP Inspector, and the clients
-/// built on it) validates any `structuredContent` against the tool's output schema, errors
-/// included, and then reports a protocol error instead of ours.
-pub fn error_result(value: Value) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(pretty(&value))])
 }
 
 /// The last step of every tool call: the text block, and `structuredContent` (the same
@@ -160,10 +135,10 @@ pub async fn on_disk<T: Send + 'static>(
 ) -> Result<T, ToolError> {
     tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
         tracing::error!("a file operation did not finish: {e}");
-        Err(ToolError::new(json!({
-            "error": "Internal error",
-            "message": "the file operation failed unexpectedly; the server log has the details",
-        })))
+        Err(ToolError::message(
+            "Internal error",
+            "the file operation failed unexpectedly; the server log has the details",
+        ))
     })
 }
 
@@ -183,23 +158,16 @@ pub fn output_share(budget: usize, n: usize) -> usize {
     ((budget / n.max(1)).saturating_sub(1024) / 2).max(128)
 }
 
-/// A HOPX list answer: `answer`'s fields plus `count`, the entries under `key`, `truncated` and
-/// `total_<key>`, holding entries while its text fits `budget` bytes. Cut short (by
-/// max_results or the budget), it says so: `truncated: true` and no total, as HOPX does.
-pub fn fit_list(
-    mut answer: Value,
-    key: &str,
-    entries: impl Iterator<Item = Value>,
-    total: usize,
-    mut truncated: bool,
-    budget: usize,
-) -> Value {
-    let total_key = format!("total_{key}");
-    answer["count"] = json!(total);
+/// A HOPX list answer (`count`, the entries under `key`, `truncated`, `total_<key>`) cut to
+/// the entries whose text fits `budget` bytes. Cut short (by max_results or the budget), it
+/// says so: `truncated: true` and no total, as HOPX does.
+pub fn fit_list(answer: &mut Value, key: &str, budget: usize) {
+    let Some(Value::Array(entries)) = answer.get_mut(key).map(std::mem::take) else {
+        return;
+    };
+    let mut truncated = answer["truncated"] == json!(true);
     answer[key] = json!([]);
-    answer["truncated"] = json!(false);
-    answer[&total_key] = json!(total);
-    let mut used = pretty(&answer).len();
+    let mut used = pretty(answer).len();
     let mut kept = Vec::new();
     for e in entries {
         // In the list, every line of an entry is indented four more spaces, and entries are
@@ -216,6 +184,14 @@ pub fn fit_list(
     answer["count"] = json!(kept.len());
     answer[key] = Value::Array(kept);
     answer["truncated"] = json!(truncated);
-    answer[&total_key] = if truncated { Value::Null } else { json!(total) };
-    answer
+    if truncated {
+        answer[format!("total_{key}").as_str()] = Value::Null;
+    }
+}
+
+/// How much of a list of `total` a HOPX list answer shows first: `max_results` of it (<= 0:
+/// all), and the answer's `count`, `truncated` and `total_<key>` for that.
+pub fn shown(max: i64, total: usize) -> (usize, bool, Option<usize>) {
+    let shown = max_results(max, total);
+    (shown, shown < total, (shown == total).then_some(total))
 }

@@ -9,12 +9,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::args::{IdArgs, Parameters, SandboxArgs, lenient, lenient_opt};
-use super::reply::{Reply, ToolError, ToolResult, schema};
+use super::error::ToolError;
+use super::reply::Json;
 use super::server::template_names;
 use super::{Target, VERSION, WasmboxServer, not_found};
 use crate::Error;
-use crate::sandbox::SandboxError;
 use crate::sandbox::fs::rfc3339;
+use crate::sandbox::{SandboxError, SandboxInfo};
 
 fn default_template() -> String {
     "code-interpreter".into()
@@ -79,30 +80,51 @@ pub struct PortArgs {
     pub port: i64,
 }
 
-/// A sandbox as HOPX describes it (SandboxInfo), plus local details. `get_sandbox` and
-/// `create_sandbox` name it `id`; lists and pause/resume `sandbox_id`.
-#[derive(Serialize, JsonSchema)]
+/// A sandbox as HOPX describes it (SandboxInfo), plus local details: `get_sandbox`,
+/// `pause_sandbox` and `resume_sandbox` describe it whole (`info`); `create_sandbox` and
+/// `fork_sandbox` say what was made, `delete_sandbox` and `update_sandbox_timeout` what changed.
+#[derive(Serialize, JsonSchema, Default)]
 pub struct SandboxReply {
+    /// The sandbox's id (lists, pause and resume name it sandbox_id).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub info: Option<SandboxInfo>,
+    /// running, paused, deleted, updated.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub sandbox_id: Option<String>,
-    /// running, paused, deleted, updated, quarantined.
-    pub status: String,
+    pub status: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template_name: Option<String>,
+    /// local; none for a cloud sandbox.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub created_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub languages: Option<Vec<crate::Language>>,
     /// local or cloud.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
-    /// What happened to the sandbox's sessions (pause saves them to disk).
+    /// What happened to the sandbox's sessions (pause saves them to disk; a fork copies them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub notes: Option<Vec<String>>,
+}
+
+impl SandboxReply {
+    /// The sandbox as HOPX describes it, with what happened to its sessions (if anything).
+    fn described(info: SandboxInfo, notes: Vec<String>) -> Self {
+        SandboxReply {
+            info: Some(info),
+            notes: (!notes.is_empty()).then_some(notes),
+            ..Default::default()
+        }
+    }
 }
 
 /// `list_sandboxes`.
@@ -124,19 +146,38 @@ pub struct VmReply {
     pub details: BTreeMap<String, Value>,
 }
 
+impl VmReply {
+    /// This process as the agent, and `details` (an object) beside it.
+    fn new(status: Option<&str>, details: Value) -> Self {
+        let Value::Object(details) = details else {
+            unreachable!("details are an object")
+        };
+        VmReply {
+            agent: "wasmbox".into(),
+            agent_version: VERSION.into(),
+            status: status.map(Into::into),
+            details: details.into_iter().collect(),
+        }
+    }
+}
+
 #[tool_router(router = sandbox_router, vis = "pub(super)")]
 impl WasmboxServer {
     #[tool(
         name = "create_sandbox",
         title = "Create a sandbox",
         description = "Create a persistent local sandbox (template code-interpreter: python, javascript, go). Returns its id at once; it lives timeout_seconds (default 600) and is then removed with its files.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true),
-        output_schema = schema::<SandboxReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn create_sandbox(
         &self,
         Parameters(a): Parameters<CreateSandboxArgs>,
-    ) -> ToolResult<SandboxReply> {
+    ) -> Result<Json<SandboxReply>, ToolError> {
         if let Some(snapshot) = &a.from_snapshot {
             let sb = self
                 .wasmbox
@@ -149,17 +190,19 @@ impl WasmboxServer {
                 )
                 .await
                 .map_err(|e| {
-                    ToolError::new(json!({
-                        "error": "Failed to create sandbox",
-                        "exception": e.to_string(),
-                        "details": {"from_snapshot": snapshot, "error_type": match e {
-                            Error::Snapshot(_) => "SnapshotError",
-                            Error::Sandbox(SandboxError::TooMany(_) | SandboxError::TooManyForOwner(_)) => "SandboxLimitError",
-                            _ => "InvalidArgument",
-                        }},
-                    }))
+                    let kind = match e {
+                        Error::Snapshot(_) => "SnapshotError",
+                        Error::Sandbox(
+                            SandboxError::TooMany(_) | SandboxError::TooManyForOwner(_),
+                        ) => "SandboxLimitError",
+                        _ => "InvalidArgument",
+                    };
+                    ToolError::exception("Failed to create sandbox", e).with(
+                        "details",
+                        json!({"from_snapshot": snapshot, "error_type": kind}),
+                    )
                 })?;
-            return Ok(Reply::json(created(&sb)));
+            return Ok(Json::new(created(&sb, Vec::new())));
         }
         let template_id = a.template_id.clone().unwrap_or_else(default_template);
         let route = crate::cloud::RouteRequest {
@@ -168,11 +211,10 @@ impl WasmboxServer {
             ..Default::default()
         };
         let failed = |exception: String, kind: &str| {
-            ToolError::new(json!({
-                "error": "Failed to create sandbox",
-                "exception": exception,
-                "details": {"template_id": template_id, "error_type": kind},
-            }))
+            ToolError::exception("Failed to create sandbox", exception).with(
+                "details",
+                json!({"template_id": template_id, "error_type": kind}),
+            )
         };
         if crate::cloud::decide(&route) != crate::cloud::Location::Local {
             let timeout = a.timeout_seconds.map(|t| t.max(1) as u64);
@@ -192,16 +234,16 @@ impl WasmboxServer {
                         cloud_create_error(&template_id, &e, route.internet_access);
                     failed(exception, kind)
                 })?;
-            return Ok(Reply::json(json!({
-                "id": sb.id,
-                "status": "running",
-                "template_id": sb.template,
-                "template_name": sb.template,
-                "region": null,
-                "created_at": rfc3339(sb.created_at),
-                "timeout_seconds": sb.timeout_seconds,
-                "location": "cloud",
-            })));
+            return Ok(Json::new(SandboxReply {
+                id: Some(sb.id.clone()),
+                status: Some("running".into()),
+                template_id: Some(sb.template.clone()),
+                template_name: Some(sb.template.clone()),
+                created_at: Some(rfc3339(sb.created_at)),
+                timeout_seconds: sb.timeout_seconds,
+                location: Some("cloud".into()),
+                ..Default::default()
+            }));
         }
         let env = a.env_vars.clone().unwrap_or_default();
         crate::check_env(&env).map_err(|e| failed(e.to_string(), "InvalidArgument"))?;
@@ -220,20 +262,19 @@ impl WasmboxServer {
                 };
                 failed(e.to_string(), kind)
             })?;
-        Ok(Reply::json(created(&sb)))
+        Ok(Json::new(created(&sb, Vec::new())))
     }
 
     #[tool(
         name = "list_sandboxes",
         title = "List sandboxes",
         description = "List live sandboxes.",
-        annotations(read_only_hint = true, open_world_hint = true),
-        output_schema = schema::<SandboxList>()
+        annotations(read_only_hint = true, open_world_hint = true)
     )]
     async fn list_sandboxes(
         &self,
         Parameters(a): Parameters<ListSandboxesArgs>,
-    ) -> ToolResult<SandboxList> {
+    ) -> Result<Json<SandboxList>, ToolError> {
         let wanted = |status: &str| a.status.as_deref().is_none_or(|st| st == status);
         let mut data: Vec<Value> = self
             .wasmbox
@@ -273,7 +314,7 @@ impl WasmboxServer {
         if a.limit > 0 {
             data.truncate(a.limit as usize);
         }
-        Ok(Reply::new(SandboxList {
+        Ok(Json::new(SandboxList {
             count: data.len(),
             data,
         }))
@@ -283,28 +324,37 @@ impl WasmboxServer {
         name = "get_sandbox",
         title = "Get a sandbox",
         description = "Details of a sandbox (status, lifetime, workspace usage).",
-        annotations(read_only_hint = true, open_world_hint = true),
-        output_schema = schema::<SandboxReply>()
+        annotations(read_only_hint = true, open_world_hint = true)
     )]
-    async fn get_sandbox(&self, Parameters(a): Parameters<IdArgs>) -> ToolResult<SandboxReply> {
+    async fn get_sandbox(
+        &self,
+        Parameters(a): Parameters<IdArgs>,
+    ) -> Result<Json<SandboxReply>, ToolError> {
         let sb = match self.target(&a.id, "id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => return self.info_in_cloud(&c).await,
         };
-        let mut v = json!(sb.info());
-        let id = v.as_object_mut().and_then(|m| m.remove("sandbox_id"));
-        v["id"] = json!(id);
-        Ok(Reply::json(v))
+        Ok(Json::new(SandboxReply {
+            id: Some(sb.id.clone()),
+            ..SandboxReply::described(sb.info(), Vec::new())
+        }))
     }
 
     #[tool(
         name = "delete_sandbox",
         title = "Delete a sandbox",
         description = "Delete a sandbox: its running code is stopped and its files removed.",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true),
-        output_schema = schema::<SandboxReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
-    async fn delete_sandbox(&self, Parameters(a): Parameters<IdArgs>) -> ToolResult<SandboxReply> {
+    async fn delete_sandbox(
+        &self,
+        Parameters(a): Parameters<IdArgs>,
+    ) -> Result<Json<SandboxReply>, ToolError> {
         if let Ok(Target::Cloud(c)) = self.target(&a.id, "id") {
             let work = async {
                 c.sandbox.delete().await?;
@@ -317,42 +367,58 @@ impl WasmboxServer {
             .sandboxes()
             .delete(&a.id, &self.owner)
             .map_err(|e| not_found(&e, "id", &a.id))?;
-        Ok(Reply::json(json!({"status": "deleted", "id": a.id})))
+        Ok(Json::new(SandboxReply {
+            id: Some(a.id),
+            status: Some("deleted".into()),
+            ..Default::default()
+        }))
     }
 
     #[tool(
         name = "update_sandbox_timeout",
         title = "Set a sandbox's lifetime",
         description = "Set a sandbox's remaining lifetime (seconds from now).",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false),
-        output_schema = schema::<SandboxReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn update_sandbox_timeout(
         &self,
         Parameters(a): Parameters<UpdateTimeoutArgs>,
-    ) -> ToolResult<SandboxReply> {
+    ) -> Result<Json<SandboxReply>, ToolError> {
         self.local_sandbox(&a.id, "id", "update_sandbox_timeout")?;
         let sb = self
             .wasmbox
             .sandboxes()
             .set_timeout(&a.id, &self.owner, a.timeout_seconds)
             .map_err(|e| not_found(&e, "id", &a.id))?;
-        Ok(Reply::json(json!({
-            "id": a.id,
-            "timeout_seconds": a.timeout_seconds,
-            "status": "updated",
-            "expires_at": rfc3339(sb.expires_at()),
-        })))
+        Ok(Json::new(SandboxReply {
+            id: Some(a.id),
+            timeout_seconds: Some(a.timeout_seconds as u64),
+            status: Some("updated".into()),
+            expires_at: Some(rfc3339(sb.expires_at())),
+            ..Default::default()
+        }))
     }
 
     #[tool(
         name = "pause_sandbox",
         title = "Pause a sandbox",
         description = "Pause a sandbox: executions are refused until resume_sandbox. Its Python and JavaScript sessions are saved to disk and their memory freed; the first call after resume_sandbox restores them, variables included (also after a server restart).",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false),
-        output_schema = schema::<SandboxReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn pause_sandbox(&self, Parameters(a): Parameters<IdArgs>) -> ToolResult<SandboxReply> {
+    async fn pause_sandbox(
+        &self,
+        Parameters(a): Parameters<IdArgs>,
+    ) -> Result<Json<SandboxReply>, ToolError> {
         self.local_sandbox(&a.id, "id", "pause_sandbox")?;
         let (sb, notes) = self
             .wasmbox
@@ -360,28 +426,27 @@ impl WasmboxServer {
             .await
             .map_err(|e| match e {
                 Error::Sandbox(e) => not_found(&e, "id", &a.id),
-                e => ToolError::new(json!({
-                    "error": "Failed to pause sandbox",
-                    "message": e.to_string(),
-                    "id": a.id,
-                })),
+                e => ToolError::message("Failed to pause sandbox", e).with("id", &a.id),
             })?;
-        let mut v = json!(sb.info());
-        let notes: Vec<String> = notes.into_iter().filter(|n| !n.is_empty()).collect();
-        if !notes.is_empty() {
-            v["notes"] = json!(notes);
-        }
-        Ok(Reply::json(v))
+        let notes = notes.into_iter().filter(|n| !n.is_empty()).collect();
+        Ok(Json::new(SandboxReply::described(sb.info(), notes)))
     }
 
     #[tool(
         name = "resume_sandbox",
         title = "Resume a sandbox",
         description = "Resume a paused sandbox.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false),
-        output_schema = schema::<SandboxReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn resume_sandbox(&self, Parameters(a): Parameters<IdArgs>) -> ToolResult<SandboxReply> {
+    async fn resume_sandbox(
+        &self,
+        Parameters(a): Parameters<IdArgs>,
+    ) -> Result<Json<SandboxReply>, ToolError> {
         self.local_sandbox(&a.id, "id", "resume_sandbox")?;
         self.set_paused(&a.id, false)
     }
@@ -390,37 +455,41 @@ impl WasmboxServer {
         name = "ping_vm",
         title = "Ping a sandbox",
         description = "Check that a sandbox is alive.",
-        annotations(read_only_hint = true, open_world_hint = false),
-        output_schema = schema::<VmReply>()
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn ping_vm(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<VmReply> {
+    async fn ping_vm(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+    ) -> Result<Json<VmReply>, ToolError> {
         let sb = self.local_sandbox(&a.sandbox_id, "sandbox_id", "ping_vm")?;
-        Ok(Reply::json(json!({
-            "status": "ok",
-            "agent_version": VERSION,
-            "agent": "wasmbox",
-            "features": sb.template.languages,
-            "uptime": self.wasmbox.uptime().as_secs_f64(),
-        })))
+        Ok(Json::new(VmReply::new(
+            Some("ok"),
+            json!({
+                "features": sb.template.languages,
+                "uptime": self.wasmbox.uptime().as_secs_f64(),
+            }),
+        )))
     }
 
     #[tool(
         name = "get_vm_info",
         title = "What a sandbox runs",
         description = "What a sandbox runs: template, languages, runtimes, limits.",
-        annotations(read_only_hint = true, open_world_hint = false),
-        output_schema = schema::<VmReply>()
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn get_vm_info(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult<VmReply> {
+    async fn get_vm_info(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+    ) -> Result<Json<VmReply>, ToolError> {
         let sb = self.local_sandbox(&a.sandbox_id, "sandbox_id", "get_vm_info")?;
         let cfg = self.wasmbox.config();
-        Ok(Reply::json(json!({
-            "agent": "wasmbox",
-            "agent_version": VERSION,
+        Ok(Json::new(VmReply::new(
+            None,
+            json!({
             "sandbox_id": sb.id,
             "template": sb.template.id,
             "languages": sb.template.languages,
-            "runtimes": self.runtimes_json(),
+            "runtimes": self.runtimes(),
             "network": false,
             "limits": {
                 "default_timeout_seconds": cfg.default_limits.timeout.as_secs(),
@@ -430,7 +499,8 @@ impl WasmboxServer {
                 "disk_bytes": sb.fs.quota().max_bytes,
                 "files": sb.fs.quota().max_entries,
             },
-        })))
+            }),
+        )))
     }
 
     #[tool(
@@ -439,11 +509,8 @@ impl WasmboxServer {
         description = "HOPX preview URLs do not exist locally: local sandboxes have no network.",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn get_preview_url(
-        &self,
-        Parameters(a): Parameters<PortArgs>,
-    ) -> Result<Reply<Value>, ToolError> {
-        Err(self.no_url("get_preview_url", &a.sandbox_id))
+    async fn get_preview_url(&self, Parameters(a): Parameters<PortArgs>) -> ToolError {
+        self.no_url("get_preview_url", &a.sandbox_id)
     }
 
     #[tool(
@@ -452,38 +519,37 @@ impl WasmboxServer {
         description = "HOPX agent URLs do not exist locally: the sandbox is served by this process.",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn get_agent_url(
-        &self,
-        Parameters(a): Parameters<SandboxArgs>,
-    ) -> Result<Reply<Value>, ToolError> {
-        Err(self.no_url("get_agent_url", &a.sandbox_id))
+    async fn get_agent_url(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolError {
+        self.no_url("get_agent_url", &a.sandbox_id)
     }
 }
 
-/// `create_sandbox`'s reply for a local sandbox (also `fork_sandbox`'s).
-pub(super) fn created(sb: &crate::sandbox::Sandbox) -> Value {
-    json!({
-        "id": sb.id,
-        "status": sb.status(),
-        "template_id": sb.template.id,
-        "template_name": sb.template.id,
-        "region": "local",
-        "created_at": rfc3339(sb.created_at),
-        "timeout_seconds": sb.timeout().as_secs(),
-        "expires_at": rfc3339(sb.expires_at()),
-        "languages": sb.template.languages,
-        "location": "local",
-    })
+/// `create_sandbox`'s reply for a local sandbox (also `fork_sandbox`'s, with its notes).
+pub(super) fn created(sb: &crate::sandbox::Sandbox, notes: Vec<String>) -> SandboxReply {
+    SandboxReply {
+        id: Some(sb.id.clone()),
+        status: Some(sb.status().into()),
+        template_id: Some(sb.template.id.into()),
+        template_name: Some(sb.template.id.into()),
+        region: Some("local".into()),
+        created_at: Some(rfc3339(sb.created_at)),
+        timeout_seconds: Some(sb.timeout().as_secs()),
+        expires_at: Some(rfc3339(sb.expires_at())),
+        languages: Some(sb.template.languages.to_vec()),
+        location: Some("local".into()),
+        notes: (!notes.is_empty()).then_some(notes),
+        ..Default::default()
+    }
 }
 
 impl WasmboxServer {
-    fn set_paused(&self, id: &str, paused: bool) -> ToolResult<SandboxReply> {
+    fn set_paused(&self, id: &str, paused: bool) -> Result<Json<SandboxReply>, ToolError> {
         let sb = self
             .wasmbox
             .sandboxes()
             .set_paused(id, &self.owner, paused)
             .map_err(|e| not_found(&e, "id", id))?;
-        Ok(Reply::json(json!(sb.info())))
+        Ok(Json::new(SandboxReply::described(sb.info(), Vec::new())))
     }
 
     /// Preview and agent URLs: a sandbox here has neither (no network, no agent process).
@@ -491,11 +557,13 @@ impl WasmboxServer {
         if let Err(e) = self.local_sandbox(sandbox_id, "sandbox_id", tool) {
             return e;
         }
-        ToolError::new(json!({
-            "error": if tool == "get_preview_url" { "Failed to get preview URL" } else { "Failed to get agent URL" },
-            "exception": "local sandboxes have no network and no agent URL: code runs inside this wasmbox process. Use the file and execute tools instead.",
-            "sandbox_id": sandbox_id,
-        }))
+        let error = if tool == "get_preview_url" {
+            "Failed to get preview URL"
+        } else {
+            "Failed to get agent URL"
+        };
+        ToolError::exception(error, "local sandboxes have no network and no agent URL: code runs inside this wasmbox process. Use the file and execute tools instead.")
+            .with("sandbox_id", sandbox_id)
     }
 }
 

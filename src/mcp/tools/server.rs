@@ -3,13 +3,19 @@
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
 use serde_json::{Map, Value, json};
 
 use super::args::{NoArgs, OptionalSandboxArgs, Parameters, lenient};
-use super::reply::{Reply, ToolError, ToolResult, schema};
+use super::error::ToolError;
+use super::reply::Json;
 use super::{VERSION, WasmboxServer};
 use crate::config::MIB;
-use crate::sandbox::TEMPLATES;
+use crate::engine::cache::CacheStats;
+use crate::engine::pool::PoolStats;
+use crate::lang::go::GoCacheStats;
+use crate::sandbox::{SandboxInfo, TEMPLATES};
 
 fn default_template_limit() -> i64 {
     10
@@ -40,19 +46,103 @@ pub struct GetTemplateArgs {
     pub name: String,
 }
 
-/// An answer whose fields are reports of their own (metrics, caches, health): named, each
-/// an object or a number.
+/// `health`.
 #[derive(Serialize, JsonSchema)]
-pub struct Report {
-    #[serde(flatten)]
-    pub fields: Map<String, Value>,
+pub struct Health {
+    /// Always "ok": a server that answers is up.
+    pub status: String,
+    /// "wasmbox".
+    pub server: String,
+    pub version: String,
+    /// "local" (HOPX's cloud says where its VM runs).
+    pub location: String,
+    pub uptime_seconds: f64,
+    pub executions: u64,
+    /// The caller's sandboxes: over HTTP, one token does not learn about another's.
+    pub sandboxes: usize,
+    /// Each language's runtime: ready, not loaded yet, or missing and why.
+    pub runtimes: BTreeMap<String, String>,
+    /// Go's build cache, once Go has run.
+    pub go_cache: Option<GoCacheStats>,
+}
+
+/// `get_system_metrics`.
+#[derive(Serialize, JsonSchema)]
+pub struct Metrics {
+    /// "local" (HOPX's cloud says where its VM runs).
+    pub location: String,
+    pub uptime_seconds: f64,
+    pub executions: u64,
+    /// A runtime's pool appears once it has loaded: this says which are still loading.
+    pub runtimes: BTreeMap<String, String>,
+    pub pools: Vec<PoolStats>,
+    /// The pooling allocator's slots in use and its limit.
+    #[schemars(with = "Option<Map<String, Value>>")]
+    pub slots: Option<Value>,
+    pub memory: Memory,
+    pub max_concurrency: usize,
+    /// Guests computing at once: in all, kept for calls, in use.
+    #[schemars(with = "Map<String, Value>")]
+    pub cpu_slots: Value,
+    /// The caller's own background jobs and async executions, and the caps.
+    #[schemars(with = "Map<String, Value>")]
+    pub jobs: Value,
+    pub sandboxes: SandboxCount,
+    /// With sandbox_id: that sandbox, as get_sandbox describes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxInfo>,
+}
+
+#[derive(Serialize, JsonSchema)]
+pub struct Memory {
+    /// Resident set size of the server (Linux; null elsewhere).
+    pub rss_bytes: Option<u64>,
+}
+
+/// The caller's live sandboxes and how many it may have.
+#[derive(Serialize, JsonSchema)]
+pub struct SandboxCount {
+    pub live: usize,
+    pub max: usize,
+}
+
+/// `cache_stats`.
+#[derive(Serialize, JsonSchema)]
+pub struct CacheReport {
+    /// The compiled-module cache.
+    pub modules: CacheStats,
+    /// Go's build cache, once Go has run.
+    pub go: Option<GoCacheStats>,
+    pub pools: Vec<PoolStats>,
+}
+
+/// `cache_clear`.
+#[derive(Serialize, JsonSchema)]
+pub struct CacheCleared {
+    /// "success".
+    pub status: String,
+    pub removed_files: u64,
+    pub removed_bytes: u64,
 }
 
 /// `list_templates`.
 #[derive(Serialize, JsonSchema)]
 pub struct TemplateList {
     pub count: usize,
+    /// Each with the keys `fields` asked for.
     pub data: Vec<Value>,
+    /// The keys asked for; null with fields "all".
+    #[serde(rename = "_fields")]
+    pub fields: Option<String>,
+    #[serde(rename = "_note")]
+    pub note: Option<String>,
+}
+
+/// `get_template`: a template as list_templates shows it with fields "all".
+#[derive(Serialize, JsonSchema)]
+pub struct Template {
+    #[serde(flatten)]
+    pub fields: Map<String, Value>,
 }
 
 #[tool_router(router = server_router, vis = "pub(super)")]
@@ -61,111 +151,116 @@ impl WasmboxServer {
         name = "health",
         title = "Server health",
         description = "Server health: version, uptime and the state of each runtime.",
-        annotations(read_only_hint = true, open_world_hint = false),
-        output_schema = schema::<Report>()
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn health(&self, Parameters(_): Parameters<NoArgs>) -> ToolResult<Report> {
-        Ok(Reply::json(json!({
-            "status": "ok",
-            "server": "wasmbox",
-            "version": VERSION,
-            "location": "local",
-            "uptime_seconds": self.wasmbox.uptime().as_secs_f64(),
-            "executions": self.wasmbox.executions(),
-            // The caller's own: over HTTP, one token must not learn about another's.
-            "sandboxes": self.wasmbox.sandboxes().count(&self.owner),
-            "runtimes": self.runtimes_json(),
-            "go_cache": self.wasmbox.go_cache_stats(),
-        })))
+    async fn health(&self, Parameters(_): Parameters<NoArgs>) -> Result<Json<Health>, ToolError> {
+        Ok(Json::new(Health {
+            status: "ok".into(),
+            server: "wasmbox".into(),
+            version: VERSION.into(),
+            location: "local".into(),
+            uptime_seconds: self.wasmbox.uptime().as_secs_f64(),
+            executions: self.wasmbox.executions(),
+            sandboxes: self.wasmbox.sandboxes().count(&self.owner),
+            runtimes: self.runtimes(),
+            go_cache: self.wasmbox.go_cache_stats(),
+        }))
     }
 
     #[tool(
         name = "get_system_metrics",
         title = "Server metrics",
         description = "Server metrics: executions, instance pools, sandboxes, memory (RSS); with sandbox_id, that sandbox's too.",
-        annotations(read_only_hint = true, open_world_hint = false),
-        output_schema = schema::<Report>()
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn get_system_metrics(
         &self,
         Parameters(a): Parameters<MetricsArgs>,
-    ) -> ToolResult<Report> {
-        let sandboxes = self.wasmbox.sandboxes();
-        let mut v = json!({
-            "location": "local",
-            "uptime_seconds": self.wasmbox.uptime().as_secs_f64(),
-            "executions": self.wasmbox.executions(),
-            // A runtime's pool appears once it has loaded: say which are still loading.
-            "runtimes": self.runtimes_json(),
-            "pools": self.wasmbox.pool_stats(),
-            "slots": self.wasmbox.slot_stats(),
-            "memory": {"rss_bytes": rss_bytes()},
-            "max_concurrency": self.wasmbox.config().max_concurrency,
-            "cpu_slots": self.wasmbox.cpu_stats(),
-            // The caller's own jobs: one token must not learn about another's.
-            "jobs": self.wasmbox.job_stats(&self.owner),
-            "sandboxes": {
-                "live": sandboxes.count(&self.owner),
-                "max": sandboxes.config.max_live.min(sandboxes.config.max_per_owner),
-            },
-        });
-        if let Some(id) = a.sandbox_id.filter(|s| !s.is_empty()) {
-            v["sandbox"] = json!(
+    ) -> Result<Json<Metrics>, ToolError> {
+        let sandbox = match a.sandbox_id.filter(|s| !s.is_empty()) {
+            Some(id) => Some(
                 self.local_sandbox(&id, "sandbox_id", "get_system_metrics")?
-                    .info()
-            );
-        }
-        Ok(Reply::json(v))
+                    .info(),
+            ),
+            None => None,
+        };
+        let sandboxes = self.wasmbox.sandboxes();
+        Ok(Json::new(Metrics {
+            location: "local".into(),
+            uptime_seconds: self.wasmbox.uptime().as_secs_f64(),
+            executions: self.wasmbox.executions(),
+            runtimes: self.runtimes(),
+            pools: self.wasmbox.pool_stats(),
+            slots: self.wasmbox.slot_stats(),
+            memory: Memory {
+                rss_bytes: rss_bytes(),
+            },
+            max_concurrency: self.wasmbox.config().max_concurrency,
+            cpu_slots: self.wasmbox.cpu_stats(),
+            jobs: self.wasmbox.job_stats(&self.owner),
+            sandboxes: SandboxCount {
+                live: sandboxes.count(&self.owner),
+                max: sandboxes
+                    .config
+                    .max_live
+                    .min(sandboxes.config.max_per_owner),
+            },
+            sandbox,
+        }))
     }
 
     #[tool(
         name = "cache_stats",
         title = "Cache statistics",
         description = "The compiled-module cache, the Go build caches and the instance pools.",
-        annotations(read_only_hint = true, open_world_hint = false),
-        output_schema = schema::<Report>()
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn cache_stats(
         &self,
         Parameters(a): Parameters<OptionalSandboxArgs>,
-    ) -> ToolResult<Report> {
+    ) -> Result<Json<CacheReport>, ToolError> {
         self.server_wide(a.sandbox_id.as_deref(), "cache_stats")?;
-        Ok(Reply::json(json!({
-            "modules": self.wasmbox.module_cache().stats(),
-            "go": self.wasmbox.go_cache_stats(),
-            "pools": self.wasmbox.pool_stats(),
-        })))
+        Ok(Json::new(CacheReport {
+            modules: self.wasmbox.module_cache().stats(),
+            go: self.wasmbox.go_cache_stats(),
+            pools: self.wasmbox.pool_stats(),
+        }))
     }
 
     #[tool(
         name = "cache_clear",
         title = "Clear unused compiled modules",
         description = "Remove compiled modules this server does not use (left by older runtimes or settings).",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false),
-        output_schema = schema::<Report>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn cache_clear(
         &self,
         Parameters(a): Parameters<OptionalSandboxArgs>,
-    ) -> ToolResult<Report> {
+    ) -> Result<Json<CacheCleared>, ToolError> {
         self.server_wide(a.sandbox_id.as_deref(), "cache_clear")?;
-        let (files, bytes) = self.wasmbox.module_cache().evict_unused();
-        Ok(Reply::json(
-            json!({"status": "success", "removed_files": files, "removed_bytes": bytes}),
-        ))
+        let (removed_files, removed_bytes) = self.wasmbox.module_cache().evict_unused();
+        Ok(Json::new(CacheCleared {
+            status: "success".into(),
+            removed_files,
+            removed_bytes,
+        }))
     }
 
     #[tool(
         name = "list_templates",
         title = "List templates",
         description = "List the sandbox templates available locally, with their languages and limits.",
-        annotations(read_only_hint = true, open_world_hint = false),
-        output_schema = schema::<TemplateList>()
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn list_templates(
         &self,
         Parameters(a): Parameters<ListTemplatesArgs>,
-    ) -> ToolResult<TemplateList> {
+    ) -> Result<Json<TemplateList>, ToolError> {
         let mut data = self.template_json();
         if a.limit > 0 {
             data.truncate(a.limit as usize);
@@ -182,43 +277,49 @@ impl WasmboxServer {
         let note = fields.as_deref().filter(|f| *f != "all").map(|f| {
             format!("Partial response with fields: {f}. Use fields='all' for complete data.")
         });
-        Ok(Reply::json(json!({
-            "count": data.len(),
-            "data": data,
-            "_fields": if a.fields.as_deref() == Some("all") { Value::Null } else { json!(a.fields) },
-            "_note": note,
-        })))
+        Ok(Json::new(TemplateList {
+            count: data.len(),
+            data,
+            fields: a.fields.filter(|f| f != "all"),
+            note,
+        }))
     }
 
     #[tool(
         name = "get_template",
         title = "Get a template",
         description = "One template by name.",
-        annotations(read_only_hint = true, open_world_hint = false),
-        output_schema = schema::<Report>()
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn get_template(&self, Parameters(a): Parameters<GetTemplateArgs>) -> ToolResult<Report> {
+    async fn get_template(
+        &self,
+        Parameters(a): Parameters<GetTemplateArgs>,
+    ) -> Result<Json<Template>, ToolError> {
         match self
             .template_json()
             .into_iter()
             .find(|t| t["name"] == a.name)
         {
-            Some(t) => Ok(Reply::json(t)),
-            None => Err(ToolError::new(json!({
-                "error": "Failed to get template",
-                "template_name": a.name,
-                "exception": format!("Template '{}' not found. Available templates: {}", a.name, template_names()),
-            }))),
+            Some(Value::Object(fields)) => Ok(Json::new(Template { fields })),
+            _ => Err(ToolError::exception(
+                "Failed to get template",
+                format!(
+                    "Template '{}' not found. Available templates: {}",
+                    a.name,
+                    template_names()
+                ),
+            )
+            .with("template_name", &a.name)),
         }
     }
 }
 
 impl WasmboxServer {
-    pub(super) fn runtimes_json(&self) -> Map<String, Value> {
+    pub(super) fn runtimes(&self) -> BTreeMap<String, String> {
         self.wasmbox
             .runtime_status()
             .into_iter()
-            .map(|s| (s.language.as_str().to_string(), Value::String(s.status)))
+            .map(|s| (s.language.as_str().to_string(), s.status))
             .collect()
     }
 

@@ -4,11 +4,11 @@
 use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use super::args::SandboxArgs;
 use super::args::{NoArgs, Parameters};
-use super::reply::{Reply, ToolError, ToolResult, fit_list, on_disk, schema};
+use super::error::{ToolError, kind};
+use super::reply::{Json, fit_list, on_disk};
 use super::sandboxes::{SandboxReply, created};
 use super::{WasmboxServer, not_found};
 use crate::Error;
@@ -78,16 +78,10 @@ pub struct SnapshotDeleted {
 fn failed(what: &str, key: &str, id: &str, e: Error) -> ToolError {
     match e {
         Error::Sandbox(e @ SandboxError::NotFound(_)) => not_found(&e, key, id),
-        Error::Snapshot(e @ SnapshotError::NotFound(_)) => ToolError::new(json!({
-            "error": "Snapshot not found",
-            "message": e.to_string(),
-            key: id,
-        })),
-        e => ToolError::new(json!({
-            "error": what,
-            "message": e.to_string(),
-            key: id,
-        })),
+        e @ Error::Snapshot(SnapshotError::NotFound(_)) => {
+            ToolError::message(kind(&e).0, e).with(key, id)
+        }
+        e => ToolError::message(what, e).with(key, id),
     }
 }
 
@@ -97,75 +91,74 @@ impl WasmboxServer {
         name = "fork_sandbox",
         title = "Fork a sandbox",
         description = "Create a new local sandbox that starts as a copy of this one: its files, env and the variables of its Python and JavaScript sessions (a loaded DataFrame, a fitted model) equal the source's now, and the two are independent afterwards. Random generators are reseeded in the copy. Returns the new sandbox as create_sandbox does.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false),
-        output_schema = schema::<SandboxReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn fork_sandbox(
         &self,
         Parameters(a): Parameters<SandboxArgs>,
-    ) -> ToolResult<SandboxReply> {
+    ) -> Result<Json<SandboxReply>, ToolError> {
         self.local_sandbox(&a.sandbox_id, "sandbox_id", "fork_sandbox")?;
         let (sb, notes) = self
             .wasmbox
             .fork_sandbox(&a.sandbox_id, &self.owner)
             .await
             .map_err(|e| failed("Failed to fork sandbox", "sandbox_id", &a.sandbox_id, e))?;
-        let mut v = created(&sb);
-        if !notes.is_empty() {
-            v["notes"] = json!(notes);
-        }
-        Ok(Reply::json(v))
+        Ok(Json::new(created(&sb, notes)))
     }
 
     #[tool(
         name = "snapshot_sandbox",
         title = "Snapshot a sandbox",
         description = "Keep a sandbox's files, env and the variables of its Python and JavaScript sessions as a snapshot; create_sandbox(from_snapshot=snapshot_id) starts new sandboxes from it. The sandbox runs on unchanged. Snapshots last until delete_snapshot.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false),
-        output_schema = schema::<SnapshotReply>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn snapshot_sandbox(
         &self,
         Parameters(a): Parameters<SandboxArgs>,
-    ) -> ToolResult<SnapshotReply> {
+    ) -> Result<Json<SnapshotReply>, ToolError> {
         self.local_sandbox(&a.sandbox_id, "sandbox_id", "snapshot_sandbox")?;
         let meta = self
             .wasmbox
             .snapshot_sandbox(&a.sandbox_id, &self.owner)
             .await
             .map_err(|e| failed("Failed to snapshot sandbox", "sandbox_id", &a.sandbox_id, e))?;
-        Ok(Reply::new(SnapshotReply::from(&meta)))
+        Ok(Json::new(SnapshotReply::from(&meta)))
     }
 
     #[tool(
         name = "list_snapshots",
         title = "List snapshots",
         description = "List your snapshots, oldest first.",
-        annotations(read_only_hint = true, open_world_hint = false),
-        output_schema = schema::<SnapshotList>()
+        annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn list_snapshots(&self, Parameters(_): Parameters<NoArgs>) -> ToolResult<SnapshotList> {
+    async fn list_snapshots(
+        &self,
+        Parameters(_): Parameters<NoArgs>,
+    ) -> Result<Json<SnapshotList>, ToolError> {
         let (sandboxes, owner) = (self.wasmbox.sandboxes().clone(), self.owner.clone());
         let budget = self.wasmbox.config().result_bytes;
         // Reads every snapshot's meta.json: off the runtime's workers.
         on_disk(move || {
             let all = sandboxes.snapshots.list(&owner);
-            let total = all.len();
-            let answer = json!({
-                "disk_used_bytes": sandboxes.owner_used(&owner, None),
-                "disk_limit_bytes": sandboxes.snapshots.ledger().max(),
-            });
-            let entries = all
-                .iter()
-                .map(|m| serde_json::to_value(SnapshotReply::from(m)).unwrap_or_default());
-            Ok(Reply::json(fit_list(
-                answer,
-                "snapshots",
-                entries,
-                total,
-                false,
-                budget,
-            )))
+            let list = SnapshotList {
+                count: all.len(),
+                snapshots: all.iter().map(SnapshotReply::from).collect(),
+                truncated: false,
+                total_snapshots: Some(all.len()),
+                disk_used_bytes: sandboxes.owner_used(&owner, None),
+                disk_limit_bytes: sandboxes.snapshots.ledger().max(),
+            };
+            Ok(Json::fitted(list, |v| fit_list(v, "snapshots", budget)))
         })
         .await
     }
@@ -174,13 +167,17 @@ impl WasmboxServer {
         name = "delete_snapshot",
         title = "Delete a snapshot",
         description = "Delete a snapshot and its files. Sandboxes made from it are unaffected.",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = false),
-        output_schema = schema::<SnapshotDeleted>()
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn delete_snapshot(
         &self,
         Parameters(a): Parameters<SnapshotArgs>,
-    ) -> ToolResult<SnapshotDeleted> {
+    ) -> Result<Json<SnapshotDeleted>, ToolError> {
         self.wasmbox
             .sandboxes()
             .snapshots
@@ -193,7 +190,7 @@ impl WasmboxServer {
                     e.into(),
                 )
             })?;
-        Ok(Reply::new(SnapshotDeleted {
+        Ok(Json::new(SnapshotDeleted {
             snapshot_id: a.snapshot_id,
             deleted: true,
         }))
