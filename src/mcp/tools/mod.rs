@@ -37,6 +37,7 @@ pub mod fuzz_args;
 mod prompt;
 mod reply;
 mod sandboxes;
+mod schema;
 mod server;
 mod snapshots;
 
@@ -84,7 +85,16 @@ pub struct Owner {
 impl WasmboxServer {
     pub fn new(wasmbox: Wasmbox) -> Self {
         let router = Self::router();
-        let tools = router.list_all();
+        let tools = router
+            .list_all()
+            .into_iter()
+            .map(|mut t| {
+                t.output_schema = t
+                    .output_schema
+                    .map(|s| Arc::new(schema::quick_to_check(&s)));
+                t
+            })
+            .collect();
         Self {
             wasmbox,
             router: Arc::new(router),
