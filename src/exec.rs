@@ -201,7 +201,6 @@ impl Wasmbox {
             .name(name)
             .stack_size(engine::GUEST_THREAD_STACK)
             .spawn(move || {
-                let _ticket = ticket;
                 let since = Instant::now();
                 let permit = loop {
                     let p = cpu.acquire_since(
@@ -220,6 +219,9 @@ impl Wasmbox {
                 };
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(go))
                     .unwrap_or_else(|_| Err(Error::wasm("the job panicked")));
+                // The place is free before the job shows as ended, so a client that saw it
+                // end can start the next one.
+                drop(ticket);
                 done(r);
             })
             .map(drop)

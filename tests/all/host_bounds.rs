@@ -307,7 +307,8 @@ async fn offsets_and_limits_page_through_text_at_character_boundaries() {
     c.cancel().await.unwrap();
 }
 
-/// Runs a Python background job; returns once its last line has run (it writes `marker`).
+/// Runs a Python background job; returns once it has ended, so the next one never meets the
+/// per-client job limit.
 async fn job(c: &Client, id: &str, code: &str, marker: &str) {
     let code = format!("{code}\nopen('{marker}', 'w').write('1')");
     ok(
@@ -321,6 +322,7 @@ async fn job(c: &Client, id: &str, code: &str, marker: &str) {
         assert!(Instant::now() < deadline, "job {marker} never ended");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    settled(c, id).await;
 }
 
 /// Waits until no listed job runs any more.
@@ -348,7 +350,6 @@ async fn process_lists_fit_the_result_budget() {
     for i in 0..3 {
         job(&c, &id, "print('x' * 100_000)", &format!("done{i}")).await;
     }
-    settled(&c, &id).await;
     for tool in ["execute_list_processes", "list_processes"] {
         let r = call(&c, tool, json!({"sandbox_id": id})).await;
         assert!(text(&r).len() <= BUDGET, "{tool}: {} bytes", text(&r).len());
@@ -365,7 +366,15 @@ async fn process_lists_fit_the_result_budget() {
     c.cancel().await.unwrap();
 
     // A small budget: fewer entries, and the answer says so.
-    let c = server_with_env(&[("WASMBOX_RESULT_BYTES", "3000")]).await;
+    // Room for all eight at once: a truncated list may not show the newest job, so this part
+    // cannot wait for each to end.
+    let c = server_with_env(&[
+        ("WASMBOX_RESULT_BYTES", "3000"),
+        ("WASMBOX_MAX_JOBS", "16"),
+        ("WASMBOX_MAX_JOBS_PER_TOKEN", "16"),
+        ("WASMBOX_SANDBOX_JOBS", "16"),
+    ])
+    .await;
     let id = create_sandbox(&c, json!({})).await;
     for i in 0..8 {
         job(
