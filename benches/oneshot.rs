@@ -29,7 +29,7 @@ fn opts(language: &str, code: &str) -> ExecOptions {
 
 fn wasmbox(pool_size: usize, rt: &tokio::runtime::Runtime) -> Wasmbox {
     let mut cfg = Config::from_env();
-    cfg.python.pool_size = pool_size;
+    cfg.pool.size = pool_size;
     // Sandboxes persist as in `serve` (metadata file and lock), under a scratch directory.
     cfg.sandbox.data_dir =
         Some(std::env::temp_dir().join(format!("wasmbox-bench-data-{}", std::process::id())));

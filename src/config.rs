@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::cloud::CloudConfig;
 use crate::engine::disk::Quota;
 use crate::engine::limits::Limits;
+use crate::lang::image_runtime::PoolOptions;
 use crate::lang::images::ImageBudget;
 use crate::lang::python::{DEFAULT_PREIMPORT, PythonOptions};
 use crate::sandbox::SandboxConfig;
@@ -57,8 +58,10 @@ pub struct Config {
     /// Sandbox-less async executions waiting for a job slot: how many, and their code's bytes.
     pub async_queue: usize,
     pub async_queue_bytes: usize,
-    /// Python image and pool settings.
+    /// What Python's image pre-imports.
     pub python: PythonOptions,
+    /// Ready instances kept per language (Python and JavaScript each have a pool this size).
+    pub pool: PoolOptions,
     /// Instance slots of wasmtime's pooling allocator (0: allocate on demand). Must cover every
     /// live instance: ready pools, running executions and sessions.
     pub pooled_instances: u32,
@@ -229,7 +232,9 @@ impl Config {
                     Ok(v) => v.split(',').map(|m| m.trim().to_string()).collect(),
                     Err(_) => DEFAULT_PREIMPORT.iter().map(|m| m.to_string()).collect(),
                 },
-                pool_size: pool_size(
+            },
+            pool: PoolOptions {
+                size: pool_size(
                     env_num("WASMBOX_POOL_SIZE").unwrap_or(4),
                     env_num("WASMBOX_POOL_MEMORY_MB").unwrap_or(256),
                 ),

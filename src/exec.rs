@@ -128,21 +128,8 @@ impl Wasmbox {
     /// runtime loaded.
     async fn runner(&self, req: ExecRequest) -> Result<Run> {
         let progress = req.progress.as_ref();
-        Ok(match req.language {
-            Language::Bash => return Err(bash_unavailable()),
-            Language::Python => {
-                let (python, _) = self.load_python(progress).await?;
-                Box::new(move || Ok(python.run_oneshot(&req)?))
-            }
-            Language::Go => {
-                let (go, _) = self.load_go(progress).await?;
-                Box::new(move || Ok(go.run_oneshot(&req)?))
-            }
-            Language::JavaScript => {
-                let (js, _) = self.load_javascript(progress).await?;
-                Box::new(move || Ok(js.run_oneshot(&req)?))
-            }
-        })
+        let (rt, _) = self.runtime(req.language, progress).await?;
+        Ok(Box::new(move || Ok(rt.oneshot(&req)?)))
     }
 
     /// Runs a blocking execution on a guest thread, holding a CPU slot (`owner`'s share of

@@ -9,9 +9,11 @@ use tokio::sync::OnceCell;
 use crate::engine::cache::Origin;
 use crate::engine::progress::ProgressSink;
 use crate::lang::go::{GoCacheStats, GoRuntime};
+use crate::lang::image_runtime::{Flavour, ImageRuntime};
 use crate::lang::javascript::JsRuntime;
 use crate::lang::python::{PythonPaths, PythonRuntime};
 use crate::lang::session::SessionRuntime;
+use crate::lang::{ExecRequest, ExecResult};
 use crate::{Error, Inner, Language, Result, Wasmbox, engine, lang};
 
 /// Whether a runtime is ready, for `health` and `prepare`.
@@ -26,18 +28,12 @@ impl Wasmbox {
     /// Loads every local runtime, compiling (with progress on stderr) what is not cached yet.
     /// Returns, per language, how it was obtained and how long it took, or why it failed.
     pub async fn prepare(&self) -> Vec<(Language, Result<(Origin, Duration)>)> {
-        let start = Instant::now();
-        let python = self
-            .load_python(None)
-            .await
-            .map(|(_, o)| (o, start.elapsed()));
-        let start = Instant::now();
-        let js = self
-            .load_javascript(None)
-            .await
-            .map(|(_, o)| (o, start.elapsed()));
-        let start = Instant::now();
-        let go = self.load_go(None).await.map(|(_, o)| (o, start.elapsed()));
+        let mut out = Vec::new();
+        for language in LOCAL {
+            let start = Instant::now();
+            let loaded = self.runtime(language, None).await;
+            out.push((language, loaded.map(|(_, o)| (o, start.elapsed()))));
+        }
         if let Some(max_age) = self.inner.config.cache_max_age {
             let cache = self.module_cache().clone();
             let pruned = tokio::task::spawn_blocking(move || cache.prune_stale(max_age)).await;
@@ -51,67 +47,53 @@ impl Wasmbox {
                 );
             }
         }
-        vec![
-            (Language::Python, python),
-            (Language::JavaScript, js),
-            (Language::Go, go),
-        ]
+        out
     }
 
     /// The state of each language's runtime, without loading anything.
     pub fn runtime_status(&self) -> Vec<RuntimeStatus> {
-        let python = if self.inner.runtimes.python.cell.initialized() {
-            "ready".to_string()
-        } else {
-            match PythonPaths::new(&self.inner.config.runtimes_dir).check() {
-                Ok(()) => "not loaded yet (loads on first use)".to_string(),
-                Err(e) => format!("missing: {e}"),
-            }
-        };
-        let javascript = if self.inner.runtimes.javascript.cell.initialized() {
-            "ready".to_string()
-        } else {
-            let path = lang::javascript::module_path(&self.inner.config.runtimes_dir);
-            if path.is_file() {
-                "not loaded yet (loads on first use)".to_string()
-            } else {
-                format!("missing: {} (run ./fetch-runtimes.sh)", path.display())
-            }
-        };
-        let mut out = vec![
-            RuntimeStatus {
-                language: Language::Python,
-                status: python,
-            },
-            RuntimeStatus {
-                language: Language::JavaScript,
-                status: javascript,
-            },
-        ];
-        let go = match self.inner.runtimes.go.cell.get() {
-            Some(go) => format!("ready ({})", go.toolchain().version),
-            None => match lang::go::find_go(&self.inner.config.runtimes_dir) {
-                Some(p) if p.is_file() => {
-                    format!(
-                        "not loaded yet (loads on first use; toolchain {})",
-                        p.display()
-                    )
-                }
-                _ => format!(
-                    "missing: no Go toolchain at {} (run ./fetch-runtimes.sh, or set WASMBOX_GO)",
-                    lang::go::pinned_go(&self.inner.config.runtimes_dir).display()
-                ),
-            },
-        };
-        out.push(RuntimeStatus {
-            language: Language::Go,
-            status: go,
-        });
+        let dir = &self.inner.config.runtimes_dir;
+        let mut out: Vec<_> = LOCAL
+            .into_iter()
+            .map(|language| RuntimeStatus {
+                language,
+                status: match self.inner.runtimes.loaded(language) {
+                    Some(rt) => rt.ready(),
+                    None => match unloaded(language, dir) {
+                        Ok(found) => format!("not loaded yet (loads on first use{found})"),
+                        Err(missing) => format!("missing: {missing}"),
+                    },
+                },
+            })
+            .collect();
         out.push(RuntimeStatus {
             language: Language::Bash,
             status: "not available in this build".into(),
         });
         out
+    }
+
+    /// `language`'s runtime, loaded on first use; Bash has none here (it is the cloud's).
+    pub(crate) async fn runtime(
+        &self,
+        language: Language,
+        progress: Option<&ProgressSink>,
+    ) -> Result<(Arc<dyn Runtime>, Origin)> {
+        Ok(match language {
+            Language::Python => {
+                let (rt, o) = self.load_python(progress).await?;
+                (rt as Arc<dyn Runtime>, o)
+            }
+            Language::JavaScript => {
+                let (rt, o) = self.load_javascript(progress).await?;
+                (rt as Arc<dyn Runtime>, o)
+            }
+            Language::Go => {
+                let (rt, o) = self.load_go(progress).await?;
+                (rt as Arc<dyn Runtime>, o)
+            }
+            Language::Bash => return Err(crate::bash_unavailable()),
+        })
     }
 
     pub(crate) async fn load_python(
@@ -125,6 +107,7 @@ impl Wasmbox {
                 &inner.cache,
                 PythonPaths::new(&inner.config.runtimes_dir),
                 &inner.config.python,
+                &inner.config.pool,
             )?)
         })
         .await
@@ -144,7 +127,7 @@ impl Wasmbox {
                     &inner.engine,
                     &inner.cache,
                     &inner.config.runtimes_dir,
-                    inner.config.python.pool_size,
+                    &inner.config.pool,
                 )?)
             },
         )
@@ -157,16 +140,20 @@ impl Wasmbox {
         language: Language,
         progress: Option<&ProgressSink>,
     ) -> Result<Arc<dyn SessionRuntime>> {
-        Ok(match language {
-            Language::Python => self.load_python(progress).await?.0,
-            Language::JavaScript => self.load_javascript(progress).await?.0,
-            other => {
-                return Err(Error::invalid(format!(
-                    "{} keeps no session between calls",
-                    other.name()
-                )));
-            }
-        })
+        let no_sessions = || {
+            Error::invalid(format!(
+                "{} keeps no session between calls",
+                language.name()
+            ))
+        };
+        if !crate::session::SESSION_LANGUAGES.contains(&language) {
+            return Err(no_sessions());
+        }
+        self.runtime(language, progress)
+            .await?
+            .0
+            .sessions()
+            .ok_or_else(no_sessions)
     }
 
     /// The Python runtime, loaded on first use (for benches and metrics).
@@ -176,16 +163,11 @@ impl Wasmbox {
 
     /// Pool counters of the loaded runtimes (nothing is loaded by asking).
     pub fn pool_stats(&self) -> Vec<engine::pool::PoolStats> {
-        let mut out = Vec::new();
-        if let Some(p) = self.inner.runtimes.python.cell.get() {
-            out.push(p.pool_stats());
-            out.extend(p.spare_stats());
-        }
-        if let Some(js) = self.inner.runtimes.javascript.cell.get() {
-            out.push(js.pool_stats());
-            out.extend(js.spare_stats());
-        }
-        out
+        LOCAL
+            .into_iter()
+            .filter_map(|l| self.inner.runtimes.loaded(l))
+            .flat_map(|rt| rt.pools())
+            .collect()
     }
 
     pub(crate) async fn load_go(
@@ -230,23 +212,102 @@ struct Loaded<T> {
     stages: Arc<tokio::sync::watch::Sender<Option<String>>>,
 }
 
+/// The languages that run here, in the order `prepare` loads them.
+const LOCAL: [Language; 3] = [Language::Python, Language::JavaScript, Language::Go];
+
+/// What the facade asks of a loaded runtime, whatever its language: the registry below is the
+/// one place that knows which type serves which language.
+pub(crate) trait Runtime: Send + Sync {
+    /// Runs `req` in a fresh instance (a one-shot, or a command in a sandbox's place).
+    fn oneshot(self: Arc<Self>, req: &ExecRequest) -> lang::Result<ExecResult>;
+    /// Its instance pools' counters.
+    fn pools(&self) -> Vec<engine::pool::PoolStats>;
+    /// What `health` says of it once loaded.
+    fn ready(&self) -> String {
+        "ready".into()
+    }
+    /// The runtime that keeps its sessions, if it keeps any.
+    fn sessions(self: Arc<Self>) -> Option<Arc<dyn SessionRuntime>>;
+}
+
+/// Python and JavaScript: a pool and a spare, and sessions.
+impl<F: Flavour> Runtime for ImageRuntime<F> {
+    fn oneshot(self: Arc<Self>, req: &ExecRequest) -> lang::Result<ExecResult> {
+        self.run_oneshot(req)
+    }
+    fn pools(&self) -> Vec<engine::pool::PoolStats> {
+        std::iter::once(self.pool_stats())
+            .chain(self.spare_stats())
+            .collect()
+    }
+    fn sessions(self: Arc<Self>) -> Option<Arc<dyn SessionRuntime>> {
+        Some(self)
+    }
+}
+
+/// Go builds each snippet (its cache stands in for pools) and keeps no session.
+impl Runtime for GoRuntime {
+    fn oneshot(self: Arc<Self>, req: &ExecRequest) -> lang::Result<ExecResult> {
+        GoRuntime::run_oneshot(&self, req)
+    }
+    fn pools(&self) -> Vec<engine::pool::PoolStats> {
+        Vec::new()
+    }
+    fn ready(&self) -> String {
+        format!("ready ({})", self.toolchain().version)
+    }
+    fn sessions(self: Arc<Self>) -> Option<Arc<dyn SessionRuntime>> {
+        None
+    }
+}
+
+/// Where an unloaded runtime would load from (`Ok`, said after "loads on first use"), or why
+/// it cannot (`Err`), without loading it.
+fn unloaded(language: Language, dir: &std::path::Path) -> std::result::Result<String, String> {
+    match language {
+        Language::Python => PythonPaths::new(dir)
+            .check()
+            .map(|()| String::new())
+            .map_err(|e| e.to_string()),
+        Language::JavaScript => {
+            let path = lang::javascript::module_path(dir);
+            match path.is_file() {
+                true => Ok(String::new()),
+                false => Err(format!("{} (run ./fetch-runtimes.sh)", path.display())),
+            }
+        }
+        Language::Go => match lang::go::find_go(dir) {
+            Some(p) if p.is_file() => Ok(format!("; toolchain {}", p.display())),
+            _ => Err(format!(
+                "no Go toolchain at {} (run ./fetch-runtimes.sh, or set WASMBOX_GO)",
+                lang::go::pinned_go(dir).display()
+            )),
+        },
+        Language::Bash => Err("not available in this build".into()),
+    }
+}
+
 impl Runtimes {
+    /// `language`'s runtime if it has loaded (asking loads nothing).
+    pub(crate) fn loaded(&self, language: Language) -> Option<Arc<dyn Runtime>> {
+        match language {
+            Language::Python => self.python.get(),
+            Language::JavaScript => self.javascript.get(),
+            Language::Go => self.go.get(),
+            Language::Bash => None,
+        }
+    }
+
     /// The loaded runtime that keeps `language`'s sessions; `None` when it has not loaded (so
     /// no session of it can be live).
     pub(crate) fn loaded_session(&self, language: Language) -> Option<Arc<dyn SessionRuntime>> {
-        match language {
-            Language::Python => self
-                .python
-                .cell
-                .get()
-                .map(|r| r.clone() as Arc<dyn SessionRuntime>),
-            Language::JavaScript => self
-                .javascript
-                .cell
-                .get()
-                .map(|r| r.clone() as Arc<dyn SessionRuntime>),
-            _ => None,
-        }
+        self.loaded(language)?.sessions()
+    }
+}
+
+impl<T: Runtime + 'static> Loaded<T> {
+    fn get(&self) -> Option<Arc<dyn Runtime>> {
+        self.cell.get().map(|r| r.clone() as Arc<dyn Runtime>)
     }
 }
 

@@ -11,19 +11,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::{Engine, Instance, InstancePre, Module, Store};
+use wasmtime::{Engine, Instance, Linker, Module, Store};
 
 use super::guest::{
     Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
 };
-use super::session::{Session, SessionRuntime, StateKeyCell, exported_memory};
-use super::spare::{Spares, rebind_with};
-use super::{ExecRequest, ExecResult, Language, Place};
+use super::image_runtime::{Flavour, ImageRuntime, PoolOptions, Ready, Shared};
+use super::session::{Session, exported_memory};
+use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
-use crate::engine::pool::{Pool, PoolStats};
+use crate::engine::pool::Polish;
 use crate::engine::prefault::PageSet;
-use crate::engine::state::StateKey;
 use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, snapshot};
 
@@ -43,58 +42,35 @@ pub fn module_path(runtimes_dir: &Path) -> PathBuf {
     runtimes_dir.join("quickjs").join("qjs.wasm")
 }
 
-/// A loaded JavaScript runtime: the pre-initialised image (the module snapshotted after
+/// The JavaScript runtime: instances of the pre-initialised image (the module snapshotted after
 /// `wb_init`, so an instance starts with its context made and the prelude run: creating one
-/// parses the prelude, about 4 ms) pre-linked once, and a pool of instances made ahead of time.
-pub struct JsRuntime {
-    shared: Arc<Shared>,
-    pool: Pool<Ready, Error>,
-    spares: Spares,
-}
+/// parses the prelude, about 4 ms).
+pub type JsRuntime = ImageRuntime<JavaScript>;
 
-/// What every instance is made from; the pool's refill threads hold it too.
-struct Shared {
-    engine: Engine,
-    pre: InstancePre<GuestState>,
-    /// Instances start initialised (false only if the image could not be built).
-    image: bool,
-    /// The pages a first `wb_eval` writes in an instance of the image, copied ahead of the
-    /// request, and those it reads, mapped (none when not measured): left to page faults they
-    /// were half of a pooled one-shot's time.
-    pages: PageSet,
-    state_key: Arc<StateKeyCell>,
-}
+/// What JavaScript adds to the image runtime. Its calibration is the pages a first `wb_eval`
+/// writes in an instance of the image, copied ahead of the request, and those it reads, mapped:
+/// left to page faults they were half of a pooled one-shot's time.
+pub struct JavaScript;
 
-impl Shared {
-    /// A new context, made in `place`'s directories or fresh ones, not yet armed with a
-    /// request's limits.
-    /// A fresh instance in `place`, not run (not even its runtime's init), its clock reading
-    /// `clock`.
-    fn instantiate_at(&self, place: Option<&Place>, clock: Duration) -> Result<(Guest, Instance)> {
-        let mut guest = Guest::unarmed_at(&self.engine, &spec(), &BTreeMap::new(), place, clock)?;
-        let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
-        Ok((guest, instance))
+impl Flavour for JavaScript {
+    const LANGUAGE: Language = Language::JavaScript;
+    type Calibration = PageSet;
+
+    fn spec(&self) -> GuestSpec<'_> {
+        spec()
     }
 
-    fn instantiate_in(&self, place: Option<&Place>) -> Result<Ready> {
-        let mut guest = Guest::unarmed_in(&self.engine, &spec(), &BTreeMap::new(), place)?;
-        let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
-        if !self.image {
-            init(&mut guest.store, &instance).map_err(engine_err)?;
-        }
-        if let Some(memory) = instance.get_memory(&mut guest.store, "memory") {
-            self.pages.populate_memory(&guest.store, memory);
-        }
-        Ok(Ready { guest, instance })
+    fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
+        wasi_linker(engine)
     }
 
     /// Which pages a fresh instance's first small eval writes and reads, measured on a
     /// throwaway one.
-    fn measure_pages(&self) -> Result<PageSet> {
+    fn calibrate(shared: &Shared<Self>) -> Result<PageSet> {
         let Ready {
             mut guest,
             instance,
-        } = self.instantiate_in(None)?;
+        } = shared.ready_in(None)?;
         let status = eval(&mut guest.store, &instance, "console.log(1+1)", 0)
             .map_err(|e| Error::wasm(format!("the sample eval failed: {e:#}")))?;
         if status != 0 {
@@ -104,15 +80,58 @@ impl Shared {
             )));
         }
         let memory = exported_memory(&mut guest, &instance)?;
-        PageSet::measure_memory(&guest.store, memory, true)
-            .map_err(|e| Error::wasm(format!("reading the page map: {e}")))
+        let pages = PageSet::measure_memory(&guest.store, memory, true)
+            .map_err(|e| Error::wasm(format!("reading the page map: {e}")))?;
+        tracing::debug!(
+            "javascript: {} pages copied and {} mapped ahead per instance",
+            pages.pages(),
+            pages.read_pages()
+        );
+        Ok(pages)
     }
-}
 
-/// An instance whose context is initialised and has never run user code.
-struct Ready {
-    guest: Guest,
-    instance: Instance,
+    fn ready(shared: &Shared<Self>, guest: &mut Guest, instance: &Instance) -> Result<()> {
+        if !shared.image {
+            init(&mut guest.store, instance).map_err(engine_err)?;
+        }
+        Self::prefault(shared, guest, instance);
+        Ok(())
+    }
+
+    fn prefault(shared: &Shared<Self>, guest: &mut Guest, instance: &Instance) {
+        if let Some(memory) = instance.get_memory(&mut guest.store, "memory") {
+            shared.calibration.populate_memory(&guest.store, memory);
+        }
+    }
+
+    fn polish(_: &Arc<Shared<Self>>) -> Option<Polish<Ready, Error>> {
+        None
+    }
+
+    fn oneshot(mut guest: Guest, instance: &Instance, req: &ExecRequest) -> ExecResult {
+        // A plain one-shot's context was made with the base environment: nothing to reset.
+        let outcome = run(&mut guest.store, instance, req, req.place.is_some());
+        guest.finish(outcome, Language::JavaScript)
+    }
+
+    /// The sandbox's env may have changed since the last call, or lost a variable: it is set
+    /// again.
+    fn call(s: &mut Session, req: &ExecRequest, _rich: bool) -> ExecResult {
+        let outcome = run(&mut s.guest.store, &s.instance, req, true);
+        // Any trap or exit leaves the guest's state undefined: never run it again.
+        s.alive = outcome.is_ok();
+        s.guest.result(outcome, Language::JavaScript)
+    }
+
+    fn reseed(s: &mut Session) -> Result<()> {
+        let reseed = s
+            .instance
+            .get_typed_func::<(), ()>(&mut s.guest.store, "wb_reseed")
+            .map_err(|e| Error::wasm(format!("javascript: qjs.wasm has no wb_reseed: {e:#}")))?;
+        reseed
+            .call(&mut s.guest.store, ())
+            .map_err(|e| Error::wasm(format!("javascript: reseeding a copied session: {e:#}")))
+    }
 }
 
 impl JsRuntime {
@@ -120,7 +139,7 @@ impl JsRuntime {
         engine: &Engine,
         cache: &ModuleCache,
         runtimes_dir: &Path,
-        pool_size: usize,
+        pool: &PoolOptions,
     ) -> Result<(Self, Origin)> {
         let path = module_path(runtimes_dir);
         if !path.is_file() {
@@ -129,116 +148,21 @@ impl JsRuntime {
                 path,
             });
         }
-        let ((module, origin), compiled_image) = match load_image(engine, cache, &path) {
-            Ok((loaded, key)) => (loaded, Some(cache.compiled_path(engine, &key))),
-            Err(e) => {
-                tracing::warn!(
-                    "javascript: the pre-initialised image could not be built ({e}); falling \
-                     back to the plain module (each context costs ~4 ms to create)"
-                );
-                (cache.load(engine, &path, "javascript")?, None)
-            }
-        };
-        let image = compiled_image.is_some();
-        let state_key = Arc::new(StateKeyCell::for_image(
-            Language::JavaScript,
-            compiled_image,
-        ));
-        let pre = wasi_linker(engine)?
-            .instantiate_pre(&module)
-            .map_err(engine_err)?;
-        let mut shared = Shared {
-            engine: engine.clone(),
-            pre,
-            image,
-            pages: PageSet::default(),
-            state_key,
-        };
-        match on_guest_stack("javascript calibration", || shared.measure_pages()) {
-            Ok(pages) => {
-                tracing::debug!(
-                    "javascript: {} pages copied and {} mapped ahead per instance",
-                    pages.pages(),
-                    pages.read_pages()
-                );
-                shared.pages = pages;
-            }
-            Err(e) => tracing::info!("javascript: instances' pages are left to fault in: {e}"),
-        }
-        let shared = Arc::new(shared);
-        let s = shared.clone();
-        let pool = Pool::new(
-            "javascript",
-            pool_size,
-            1,
-            move || s.instantiate_in(None),
-            None,
-        );
-        let made = shared.clone();
-        let spares = Spares::new(
-            "javascript-spare",
-            move || {
-                let (mut guest, instance) = made.instantiate_at(None, Duration::ZERO)?;
-                // What a first eval touches, as pooled instances have it.
-                if let Some(memory) = instance.get_memory(&mut guest.store, "memory") {
-                    made.pages.populate_memory(&guest.store, memory);
-                }
-                Ok((guest, instance))
-            },
-            move |guest, place, clock| rebind_with(&spec(), guest, place, clock),
-        );
-        Ok((
-            Self {
-                shared,
-                pool,
-                spares,
-            },
-            origin,
-        ))
-    }
-
-    pub fn pool_stats(&self) -> PoolStats {
-        self.pool.stats()
-    }
-
-    /// The counters of the spare instance kept for restores and forks, once there is one.
-    pub fn spare_stats(&self) -> Option<PoolStats> {
-        self.spares.stats()
-    }
-
-    /// Whether instances start from the pre-initialised image.
-    pub fn has_image(&self) -> bool {
-        self.shared.image
+        let built = load_image(engine, cache, &path);
+        Self::assemble(
+            engine,
+            cache,
+            Some(built),
+            &path,
+            "each context costs ~4 ms to create",
+            JavaScript,
+            pool,
+        )
     }
 
     /// Pages copied into each new instance before it is used: those a first small eval writes.
     pub fn prefaulted_pages(&self) -> usize {
-        self.shared.pages.pages()
-    }
-
-    /// Waits until the pool is full (tests and benches measure the hit path with this).
-    pub fn wait_pool_full(&self, timeout: Duration) -> bool {
-        self.pool.wait_full(timeout)
-    }
-
-    /// Runs `req` in a ready context (from the pool, or made now) and drops it. Blocking: call
-    /// it on a guest thread.
-    pub fn run_oneshot(&self, req: &ExecRequest) -> Result<ExecResult> {
-        let Ready {
-            mut guest,
-            instance,
-        } = match &req.place {
-            None => self.pool.take_or_make()?,
-            Some(place) => self.shared.instantiate_in(Some(place))?,
-        };
-        guest.arm(req);
-        // A plain one-shot's context was made with the base environment: nothing to reset.
-        let outcome = run(&mut guest.store, &instance, req, req.place.is_some());
-        let result = guest.finish(outcome, Language::JavaScript);
-        if req.place.is_none() {
-            self.pool.refill();
-        }
-        Ok(result)
+        self.shared().calibration.pages()
     }
 
     /// Evaluates one snippet in a session; the value of a final expression is echoed, as in a
@@ -255,62 +179,8 @@ impl JsRuntime {
             FLAG_ECHO
         };
         let outcome = eval(&mut s.guest.store, &s.instance, code, flags);
-        // Any trap or exit leaves the guest's state undefined: never run it again.
         s.alive = outcome.is_ok();
         s.guest.result(outcome, Language::JavaScript)
-    }
-}
-
-impl SessionRuntime for JsRuntime {
-    fn language(&self) -> Language {
-        Language::JavaScript
-    }
-
-    /// One context whose globals persist across calls. `req` gives the session's env and
-    /// limits (its code is not run).
-    fn start(&self, req: &ExecRequest) -> Result<Session> {
-        self.shared.state_key.prepare();
-        let Ready {
-            mut guest,
-            instance,
-        } = self.shared.instantiate_in(req.place.as_ref())?;
-        guest.arm(req);
-        Ok(Session::new(guest, instance))
-    }
-
-    fn instantiate(&self, req: &ExecRequest, clock: Duration) -> Result<(Guest, Instance)> {
-        self.shared.instantiate_at(req.place.as_ref(), clock)
-    }
-
-    /// Runs `req.code` (echoing a final expression when `req.echo`) with `req`'s limits, env and
-    /// working directory, which are applied first: a sandbox's env may have changed since.
-    fn call(&self, s: &mut Session, req: &ExecRequest, _rich: bool) -> ExecResult {
-        s.guest.arm(req);
-        if !s.alive {
-            return s.ended(Language::JavaScript);
-        }
-        // The sandbox's env may have changed since the last call, or lost a variable.
-        let outcome = run(&mut s.guest.store, &s.instance, req, true);
-        s.alive = outcome.is_ok();
-        s.guest.result(outcome, Language::JavaScript)
-    }
-
-    fn state_key(&self) -> std::result::Result<Arc<StateKey>, String> {
-        self.shared.state_key.get()
-    }
-
-    fn reseed(&self, s: &mut Session) -> Result<()> {
-        let reseed = s
-            .instance
-            .get_typed_func::<(), ()>(&mut s.guest.store, "wb_reseed")
-            .map_err(|e| Error::wasm(format!("javascript: qjs.wasm has no wb_reseed: {e:#}")))?;
-        reseed
-            .call(&mut s.guest.store, ())
-            .map_err(|e| Error::wasm(format!("javascript: reseeding a copied session: {e:#}")))
-    }
-
-    fn spares(&self) -> &Spares {
-        &self.spares
     }
 }
 

@@ -5,6 +5,7 @@ pub mod disk_probe;
 mod error;
 pub mod go;
 pub mod guest;
+pub mod image_runtime;
 pub mod images;
 pub mod javascript;
 pub mod python;

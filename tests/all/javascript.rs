@@ -326,7 +326,16 @@ fn the_image_is_rebuilt_when_the_artifact_changes() {
             .count()
     };
     let load = || {
-        let (js, origin) = JsRuntime::load(&engine, &cache, &runtimes, 1).unwrap();
+        let (js, origin) = JsRuntime::load(
+            &engine,
+            &cache,
+            &runtimes,
+            &wasmbox::lang::image_runtime::PoolOptions {
+                size: 1,
+                refill_threads: 1,
+            },
+        )
+        .unwrap();
         assert!(js.has_image(), "the image must build");
         (js, origin)
     };

@@ -6,89 +6,81 @@
 use wasmtime::{Instance, Store};
 
 use super::turn::{call, run_turn};
-use super::{Error, Result, Shared};
+use super::{Error, Python, Result};
 use crate::engine::prefault::PageSet;
-use crate::engine::threads::on_guest_stack;
 use crate::lang::guest::{Guest, GuestState};
+use crate::lang::image_runtime::Shared;
 use crate::lang::session::exported_memory;
 
-impl Shared {
-    /// Measures what [`FastReady`] needs on throwaway instances: where the random generators'
-    /// states are, and which pages small first turns map after the polish. On failure
-    /// instances are readied by a warm-up turn, as without an image.
-    pub(super) fn calibrate(&self, polish_turn: &str, preimport: &[String]) -> Option<FastReady> {
-        let measured = on_guest_stack("calibration", || {
-            self.measure_fast_ready(polish_turn, preimport)
-        });
-        match measured {
-            Ok(fast) => {
-                tracing::debug!(
-                    "python: instances readied without a turn: {} generator(s) reseeded, {} \
-                     pages copied and {} mapped ahead",
-                    fast.rngs.len(),
-                    fast.pages.pages(),
-                    fast.pages.read_pages()
-                );
-                Some(fast)
-            }
-            Err(e) => {
-                tracing::info!(
-                    "python: instances will be readied by a warm-up turn (a few ms each): {e}"
-                );
-                None
-            }
-        }
+/// Measures what [`FastReady`] needs on throwaway instances: where the random generators'
+/// states are, and which pages small first turns map after the polish. Without an image (or
+/// on failure) instances are readied by a warm-up turn.
+pub(super) fn calibrate(shared: &Shared<Python>) -> Result<FastReady> {
+    if !shared.image {
+        return Err(Error::wasm(
+            "no pre-initialised image: a warm-up turn readies each",
+        ));
     }
+    let fast = measure_fast_ready(shared)?;
+    tracing::debug!(
+        "python: instances readied without a turn: {} generator(s) reseeded, {} pages copied \
+         and {} mapped ahead",
+        fast.rngs.len(),
+        fast.pages.pages(),
+        fast.pages.read_pages()
+    );
+    Ok(fast)
+}
 
-    fn measure_fast_ready(&self, polish_turn: &str, preimport: &[String]) -> Result<FastReady> {
-        let fail = |what: &str| Error::wasm(format!("calibration: {what}"));
-        // Where the generators are: their addresses (`id`) and states, from the guest.
-        let (mut guest, instance) = self.instantiate_in(None)?;
-        run_turn(&mut guest.store, &instance, &call(("script", RNG_PROBE))).map_err(|e| {
+fn measure_fast_ready(shared: &Shared<Python>) -> Result<FastReady> {
+    let (polish_turn, preimport) = (&shared.flavour.polish_turn, &shared.flavour.preimport);
+    let fail = |what: &str| Error::wasm(format!("calibration: {what}"));
+    // Where the generators are: their addresses (`id`) and states, from the guest.
+    let (mut guest, instance) = shared.instantiate_in(None)?;
+    run_turn(&mut guest.store, &instance, &call(("script", RNG_PROBE))).map_err(|e| {
+        fail(&format!(
+            "the generator probe failed: {e:#}: {}",
+            guest.take_stderr()
+        ))
+    })?;
+    let report = String::from_utf8_lossy(&guest.take_stdout()).into_owned();
+    let memory = exported_memory(&mut guest, &instance)?;
+    let rngs = report
+        .lines()
+        .map(|line| RngState::locate(memory.data(&guest.store), line))
+        .collect::<std::result::Result<Vec<_>, String>>()
+        .map_err(|e| fail(&e))?;
+    drop(guest);
+    // Which pages: those a pooled instance writes, polished and then given a small turn
+    // (each sample on its own instance). The polish moves the heap on, so a turn after it
+    // writes pages that one on a fresh instance would not. Of the pages only read, those
+    // the polish maps are left to it (see engine/prefault.rs); the few more that the turn
+    // reads are mapped ahead.
+    let mut pages = PageSet::default();
+    for sample in sample_turns(preimport) {
+        let (mut guest, instance) = shared.instantiate_in(None)?;
+        let memory = exported_memory(&mut guest, &instance)?;
+        let measure = |guest: &Guest| {
+            PageSet::measure_memory(&guest.store, memory, true)
+                .map_err(|e| fail(&format!("reading the page map: {e}")))
+        };
+        run_turn(&mut guest.store, &instance, polish_turn)
+            .map_err(|e| fail(&format!("the polish turn failed: {e:#}")))?;
+        let polished = measure(&guest)?;
+        // As a call runs it: asking for images, so the look for figures is measured too.
+        let turn = call(("run", sample, false, 1));
+        run_turn(&mut guest.store, &instance, &turn).map_err(|e| {
             fail(&format!(
-                "the generator probe failed: {e:#}: {}",
+                "the sample turn {sample:?} failed: {e:#}: {}",
                 guest.take_stderr()
             ))
         })?;
-        let report = String::from_utf8_lossy(&guest.take_stdout()).into_owned();
-        let memory = exported_memory(&mut guest, &instance)?;
-        let rngs = report
-            .lines()
-            .map(|line| RngState::locate(memory.data(&guest.store), line))
-            .collect::<std::result::Result<Vec<_>, String>>()
-            .map_err(|e| fail(&e))?;
-        drop(guest);
-        // Which pages: those a pooled instance writes, polished and then given a small turn
-        // (each sample on its own instance). The polish moves the heap on, so a turn after it
-        // writes pages that one on a fresh instance would not. Of the pages only read, those
-        // the polish maps are left to it (see engine/prefault.rs); the few more that the turn
-        // reads are mapped ahead.
-        let mut pages = PageSet::default();
-        for sample in sample_turns(preimport) {
-            let (mut guest, instance) = self.instantiate_in(None)?;
-            let memory = exported_memory(&mut guest, &instance)?;
-            let measure = |guest: &Guest| {
-                PageSet::measure_memory(&guest.store, memory, true)
-                    .map_err(|e| fail(&format!("reading the page map: {e}")))
-            };
-            run_turn(&mut guest.store, &instance, polish_turn)
-                .map_err(|e| fail(&format!("the polish turn failed: {e:#}")))?;
-            let polished = measure(&guest)?;
-            // As a call runs it: asking for images, so the look for figures is measured too.
-            let turn = call(("run", sample, false, 1));
-            run_turn(&mut guest.store, &instance, &turn).map_err(|e| {
-                fail(&format!(
-                    "the sample turn {sample:?} failed: {e:#}: {}",
-                    guest.take_stderr()
-                ))
-            })?;
-            pages.merge(measure(&guest)?.reads_beyond(&polished));
-        }
-        for r in &rngs {
-            pages.add(r.index.min(r.state)..r.index.max(r.state + MT_WORDS * 4) + 4);
-        }
-        Ok(FastReady { pages, rngs })
+        pages.merge(measure(&guest)?.reads_beyond(&polished));
     }
+    for r in &rngs {
+        pages.add(r.index.min(r.state)..r.index.max(r.state + MT_WORDS * 4) + 4);
+    }
+    Ok(FastReady { pages, rngs })
 }
 
 /// Small first turns whose pages every instance gets ahead: a `print`, and the common first
@@ -180,7 +172,7 @@ impl RngState {
 /// Readies an instance of the image without running wasm: the pages first turns write copied
 /// and those they read mapped ([`PageSet`]), and fresh random states written into the generators (a snapshot
 /// would otherwise give every sandbox the image's sequences). A third of a warm-up turn's CPU.
-pub(super) struct FastReady {
+pub struct FastReady {
     pub(super) pages: PageSet,
     rngs: Vec<RngState>,
 }

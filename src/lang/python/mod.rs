@@ -26,22 +26,20 @@ pub use turn::literal;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use wasmtime::{Engine, Instance, InstancePre};
+use wasmtime::{Engine, Instance, Linker};
 
 use self::calibrate::FastReady;
 use self::door::linker;
 use self::image::load_image;
 use self::turn::{WARM_TURN, call, prologue, run_turn, turn, user_turn};
-use super::guest::{Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, engine_err};
-use super::session::{Session, SessionRuntime, StateKeyCell};
-use super::spare::{Spares, rebind_with};
+use super::guest::{Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST};
+use super::image_runtime::{Flavour, ImageRuntime, PoolOptions, Ready, Shared};
+use super::session::Session;
 use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
-use crate::engine::pool::{Polish, Pool, PoolStats};
-use crate::engine::state::StateKey;
+use crate::engine::pool::Polish;
 
 /// The guest path of the interpreter, as argv[0]: the prefix /usr/local is baked into the build.
 const ARGV0: &str = "/usr/local/bin/python.wasm";
@@ -79,10 +77,6 @@ pub const DEFAULT_PREIMPORT: &[&str] = &[
 pub struct PythonOptions {
     /// Modules imported into the pre-initialised image; empty runs the shipped snapshot.
     pub preimport: Vec<String>,
-    /// Ready instances kept in the pool (0: every one-shot instantiates on demand).
-    pub pool_size: usize,
-    /// Threads that refill the pool.
-    pub refill_threads: usize,
 }
 
 /// Where the fetched artifacts are.
@@ -134,180 +128,81 @@ impl PythonPaths {
     }
 }
 
-/// A ready instance: prologue run (or baked in), warmed, never given user code.
-struct Ready {
-    guest: Guest,
-    instance: Instance,
-}
+/// The Python runtime: instances of the pre-initialised image (or of the shipped snapshot).
+pub type PythonRuntime = ImageRuntime<Python>;
 
-struct Shared {
-    engine: Engine,
-    pre: InstancePre<GuestState>,
+/// What Python adds to the image runtime: its guest's read-only folders, the import list the
+/// image was built with, and the turn that polishes pooled instances.
+pub struct Python {
     paths: PythonPaths,
-    /// The module is a pre-initialised image (prologue and imports already done).
-    image: bool,
-    /// How instances of the image are readied without running any wasm: measured once, before
-    /// the pool starts. None (no image, or calibration failed): by a warm-up turn.
-    fast: Option<FastReady>,
-    state_key: Arc<StateKeyCell>,
+    preimport: Vec<String>,
+    polish_turn: String,
 }
 
-/// A loaded Python runtime: the module pre-linked once, and its pool of ready instances.
-pub struct PythonRuntime {
-    shared: Arc<Shared>,
-    pool: Pool<Ready, Error>,
-    spares: Spares,
-}
+impl Flavour for Python {
+    const LANGUAGE: Language = Language::Python;
+    /// How instances of the image are readied without running any wasm; none (no image, or
+    /// calibration failed): by a warm-up turn.
+    type Calibration = Option<FastReady>;
 
-impl PythonRuntime {
-    /// Loads the pre-initialised image (building it the first time, which takes minutes) or,
-    /// if there is none or it cannot be built, the shipped snapshot; then starts the pool.
-    pub fn load(
-        engine: &Engine,
-        cache: &ModuleCache,
-        paths: PythonPaths,
-        opts: &PythonOptions,
-    ) -> Result<(Self, Origin)> {
-        paths.check()?;
-        let mut loaded = None;
-        if !opts.preimport.is_empty() {
-            match load_image(engine, cache, &paths, &opts.preimport) {
-                Ok((m, key)) => loaded = Some((m, Some(cache.compiled_path(engine, &key)))),
-                Err(e) => tracing::warn!(
-                    "python: the pre-initialised image could not be built ({e}); falling back to \
-                     the shipped snapshot, where imports like pandas cost about a second per run"
-                ),
-            }
-        }
-        let ((module, origin), compiled_image) = match loaded {
-            Some(l) => l,
-            None => (cache.load(engine, &paths.module, "python")?, None),
+    fn spec(&self) -> GuestSpec<'_> {
+        self.paths.spec()
+    }
+
+    fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
+        linker(engine)
+    }
+
+    fn calibrate(shared: &Shared<Self>) -> Result<Option<FastReady>> {
+        calibrate::calibrate(shared).map(Some)
+    }
+
+    fn ready(shared: &Shared<Self>, guest: &mut Guest, instance: &Instance) -> Result<()> {
+        let warm = match (&shared.calibration, shared.image) {
+            (Some(fast), _) => fast.ready(&mut guest.store, instance),
+            (None, true) => run_turn(&mut guest.store, instance, &WARM_TURN),
+            (None, false) => prologue(&mut guest.store, instance)
+                .and_then(|()| run_turn(&mut guest.store, instance, &WARM_TURN)),
         };
-        let image = compiled_image.is_some();
-        let state_key = Arc::new(StateKeyCell::for_image(Language::Python, compiled_image));
-        let pre = linker(engine)?
-            .instantiate_pre(&module)
-            .map_err(engine_err)?;
-        let mut shared = Shared {
-            engine: engine.clone(),
-            pre,
-            paths,
-            image,
-            fast: None,
-            state_key,
-        };
-        // Instances readied without a turn get one (no user code) once the pool is full: the
-        // first request on them then finds the interpreter's own pages and tables mapped.
-        let polish_turn = call(("polish", &opts.preimport));
-        if image {
-            shared.fast = shared.calibrate(&polish_turn, &opts.preimport);
+        warm.map_err(|e| {
+            Error::wasm(format!(
+                "python warm-up failed: {e:#}: {}",
+                guest.take_stderr()
+            ))
+        })
+    }
+
+    fn prefault(shared: &Shared<Self>, guest: &mut Guest, instance: &Instance) {
+        if let (Some(fast), Some(memory)) = (
+            &shared.calibration,
+            instance.get_memory(&mut guest.store, "memory"),
+        ) {
+            fast.pages.populate_memory(&guest.store, memory);
         }
-        let shared = Arc::new(shared);
+    }
+
+    /// Instances readied without a turn get one (no user code) once the pool is full: the
+    /// first request on them then finds the interpreter's own pages and tables mapped.
+    fn polish(shared: &Arc<Shared<Self>>) -> Option<Polish<Ready, Error>> {
+        shared.calibration.as_ref()?;
         let s = shared.clone();
-        let polish: Option<Polish<Ready, Error>> = shared.fast.as_ref().map(|_| {
-            Box::new(move |r: &mut Ready| {
-                run_turn(&mut r.guest.store, &r.instance, &polish_turn)
-                    .map_err(|e| Error::wasm(format!("python polish turn failed: {e:#}")))
-            }) as _
-        });
-        let pool = Pool::new(
-            "python",
-            opts.pool_size,
-            opts.refill_threads,
-            move || s.make_ready(),
-            polish,
-        );
-        let (made, bound) = (shared.clone(), shared.clone());
-        let spares = Spares::new(
-            "python-spare",
-            move || {
-                let (mut guest, instance) = made.instantiate_at(None, Duration::ZERO)?;
-                // What a first turn touches, as pooled instances have it.
-                if let (Some(fast), Some(memory)) =
-                    (&made.fast, instance.get_memory(&mut guest.store, "memory"))
-                {
-                    fast.pages.populate_memory(&guest.store, memory);
-                }
-                Ok((guest, instance))
-            },
-            move |guest, place, clock| rebind_with(&bound.paths.spec(), guest, place, clock),
-        );
-        Ok((
-            Self {
-                shared,
-                pool,
-                spares,
-            },
-            origin,
-        ))
+        Some(Box::new(move |r: &mut Ready| {
+            run_turn(&mut r.guest.store, &r.instance, &s.flavour.polish_turn)
+                .map_err(|e| Error::wasm(format!("python polish turn failed: {e:#}")))
+        }))
     }
 
-    /// Whether the pre-initialised image is in use.
-    pub fn has_image(&self) -> bool {
-        self.shared.image
-    }
-
-    pub fn pool_stats(&self) -> PoolStats {
-        self.pool.stats()
-    }
-
-    /// The counters of the spare instance kept for restores and forks, once there is one.
-    pub fn spare_stats(&self) -> Option<PoolStats> {
-        self.spares.stats()
-    }
-
-    /// Waits until the pool is full (benches measure the hit path with this).
-    pub fn wait_pool_full(&self, timeout: std::time::Duration) -> bool {
-        self.pool.wait_full(timeout)
-    }
-
-    /// Waits until the spare instance for restores and forks is made ([`Spares::wait_ready`]).
-    pub fn wait_spare(&self, timeout: std::time::Duration) -> bool {
-        self.spares.wait_ready(timeout)
-    }
-
-    /// Runs `req` in a ready instance (from the pool, or made now when the pool is empty) and
-    /// drops it. Blocking: call it on a guest thread.
-    pub fn run_oneshot(&self, req: &ExecRequest) -> Result<ExecResult> {
-        let t0 = std::time::Instant::now();
-        // In a sandbox's directories the instance is made for it: pooled ones have their own.
-        let Ready {
-            mut guest,
-            instance,
-        } = match &req.place {
-            None => self.pool.take_or_make()?,
-            Some(place) => self.shared.make_ready_in(Some(place))?,
-        };
-        let t1 = t0.elapsed();
-        guest.arm(req);
-        let outcome = turn(&mut guest.store, &instance, &user_turn(req))
+    fn oneshot(mut guest: Guest, instance: &Instance, req: &ExecRequest) -> ExecResult {
+        let outcome = turn(&mut guest.store, instance, &user_turn(req))
             // `exit()`/`quit()` return 256 | status.
             .map(|status| status & 255);
-        let t2 = t0.elapsed();
         let images = guest.take_images();
-        let r = with_images(guest.finish(outcome, Language::Python), images);
-        if req.place.is_none() {
-            self.pool.refill();
-        }
-        tracing::debug!(
-            "python one-shot: ready {:?}, turn {:?}, finish {:?}",
-            t1,
-            t2 - t1,
-            t0.elapsed() - t2
-        );
-        Ok(r)
+        with_images(guest.finish(outcome, Language::Python), images)
     }
-}
 
-impl PythonRuntime {
-    /// A Python session's turn: `req.code` in the session's globals, with `req`'s limits, env
-    /// and working directory; with `req.echo` the value of a final expression is printed.
-    /// With `rich`, a final DataFrame (as HTML) is collected after it.
-    fn session_call(s: &mut Session, req: &ExecRequest, rich: bool) -> ExecResult {
-        s.guest.arm(req);
-        if !s.alive {
-            return s.ended(Language::Python);
-        }
+    /// `req.code` in the session's globals; with `req.echo` the value of a final expression is
+    /// printed. With `rich`, a final DataFrame (as HTML) is collected after it.
+    fn call(s: &mut Session, req: &ExecRequest, rich: bool) -> ExecResult {
         let outcome = turn(&mut s.guest.store, &s.instance, &user_turn(req));
         // A trap leaves the interpreter undefined; `exit()` (256 | status) ends it by request.
         s.alive = matches!(outcome, Ok(st) if st & 256 == 0);
@@ -322,39 +217,41 @@ impl PythonRuntime {
         }
         r
     }
-}
 
-impl SessionRuntime for PythonRuntime {
-    fn language(&self) -> Language {
-        Language::Python
-    }
-
-    /// An instance of its own in `req`'s place, made from the image like a pooled one.
-    fn start(&self, req: &ExecRequest) -> Result<Session> {
-        self.shared.state_key.prepare();
-        let Ready { guest, instance } = self.shared.make_ready_in(req.place.as_ref())?;
-        Ok(Session::new(guest, instance))
-    }
-
-    fn instantiate(&self, req: &ExecRequest, clock: Duration) -> Result<(Guest, Instance)> {
-        self.shared.instantiate_at(req.place.as_ref(), clock)
-    }
-
-    fn call(&self, s: &mut Session, req: &ExecRequest, rich: bool) -> ExecResult {
-        Self::session_call(s, req, rich)
-    }
-
-    fn state_key(&self) -> std::result::Result<Arc<StateKey>, String> {
-        self.shared.state_key.get()
-    }
-
-    fn reseed(&self, s: &mut Session) -> Result<()> {
+    fn reseed(s: &mut Session) -> Result<()> {
         run_turn(&mut s.guest.store, &s.instance, &call(("script", RESEED)))
             .map_err(|e| Error::wasm(format!("python: reseeding a copied session: {e:#}")))
     }
+}
 
-    fn spares(&self) -> &Spares {
-        &self.spares
+impl PythonRuntime {
+    /// Loads the pre-initialised image (building it the first time, which takes minutes) or,
+    /// if there is none or it cannot be built, the shipped snapshot; then starts the pool.
+    pub fn load(
+        engine: &Engine,
+        cache: &ModuleCache,
+        paths: PythonPaths,
+        opts: &PythonOptions,
+        pool: &PoolOptions,
+    ) -> Result<(Self, Origin)> {
+        paths.check()?;
+        let built = (!opts.preimport.is_empty())
+            .then(|| load_image(engine, cache, &paths, &opts.preimport));
+        let plain = paths.module.clone();
+        let flavour = Python {
+            paths,
+            preimport: opts.preimport.clone(),
+            polish_turn: call(("polish", &opts.preimport)),
+        };
+        Self::assemble(
+            engine,
+            cache,
+            built,
+            &plain,
+            "imports like pandas cost about a second per run",
+            flavour,
+            pool,
+        )
     }
 }
 
@@ -372,50 +269,4 @@ fn with_images(
     r.rich.splice(0..0, images);
     r.notes.extend(notes);
     r
-}
-
-impl Shared {
-    fn make_ready(&self) -> Result<Ready> {
-        self.make_ready_in(None)
-    }
-
-    /// A new instance of the module with the production preopens (fresh ones, or `place`'s),
-    /// not yet armed with a request's limits.
-    fn instantiate_in(&self, place: Option<&super::Place>) -> Result<(Guest, Instance)> {
-        self.instantiate_at(place, Duration::ZERO)
-    }
-
-    /// As [`Shared::instantiate_in`], the guest's clock reading `clock`.
-    fn instantiate_at(
-        &self,
-        place: Option<&super::Place>,
-        clock: Duration,
-    ) -> Result<(Guest, Instance)> {
-        let mut guest = Guest::unarmed_at(
-            &self.engine,
-            &self.paths.spec(),
-            &BTreeMap::new(),
-            place,
-            clock,
-        )?;
-        let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
-        Ok((guest, instance))
-    }
-
-    fn make_ready_in(&self, place: Option<&super::Place>) -> Result<Ready> {
-        let (mut guest, instance) = self.instantiate_in(place)?;
-        let warm = match (&self.fast, self.image) {
-            (Some(fast), _) => fast.ready(&mut guest.store, &instance),
-            (None, true) => run_turn(&mut guest.store, &instance, &WARM_TURN),
-            (None, false) => prologue(&mut guest.store, &instance)
-                .and_then(|()| run_turn(&mut guest.store, &instance, &WARM_TURN)),
-        };
-        warm.map_err(|e| {
-            Error::wasm(format!(
-                "python warm-up failed: {e:#}: {}",
-                guest.take_stderr()
-            ))
-        })?;
-        Ok(Ready { guest, instance })
-    }
 }

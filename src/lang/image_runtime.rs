@@ -1,0 +1,270 @@
+//! The runtime a pre-initialised image makes; Python and JavaScript are both one. The image is
+//! pre-linked once, a pool keeps instances of it ready for one-shots, a spare is kept for
+//! restores and forks, and each session is an instance of its own. What differs per language
+//! (the guest's layout, how a fresh instance is readied, how code runs in it) is its
+//! [`Flavour`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::{Engine, Instance, InstancePre, Linker, Module};
+
+use super::guest::{Guest, GuestSpec, GuestState, engine_err};
+use super::session::{Session, SessionRuntime, StateKeyCell};
+use super::spare::{Spares, rebind_with};
+use super::{ExecRequest, ExecResult, Language, Place};
+use super::{LangError as Error, Result};
+use crate::engine::cache::{ModuleCache, Origin};
+use crate::engine::pool::{Polish, Pool, PoolStats};
+use crate::engine::state::StateKey;
+use crate::engine::threads::on_guest_stack;
+
+/// Ready instances kept per language, and the threads that make them.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    /// Ready instances kept (0: every one-shot instantiates on demand).
+    pub size: usize,
+    pub refill_threads: usize,
+}
+
+/// What one language adds to [`ImageRuntime`].
+pub trait Flavour: Send + Sync + Sized + 'static {
+    const LANGUAGE: Language;
+    /// What calibration measured to ready instances faster; the default: nothing measured.
+    type Calibration: Default + Send + Sync;
+
+    fn spec(&self) -> GuestSpec<'_>;
+    fn linker(engine: &Engine) -> Result<Linker<GuestState>>;
+    /// Measures, on throwaway instances, what readies later ones faster.
+    fn calibrate(shared: &Shared<Self>) -> Result<Self::Calibration>;
+    /// Readies a fresh instance for its first code.
+    fn ready(shared: &Shared<Self>, guest: &mut Guest, instance: &Instance) -> Result<()>;
+    /// Gives a spare instance the pages a first run touches, as pooled instances have them.
+    fn prefault(shared: &Shared<Self>, guest: &mut Guest, instance: &Instance);
+    /// Work for pooled instances once the pool is full, if the language has any.
+    fn polish(shared: &Arc<Shared<Self>>) -> Option<Polish<Ready, Error>>;
+    /// Runs an armed one-shot in a ready instance.
+    fn oneshot(guest: Guest, instance: &Instance, req: &ExecRequest) -> ExecResult;
+    /// Runs a call in a session that is armed and alive.
+    fn call(s: &mut Session, req: &ExecRequest, rich: bool) -> ExecResult;
+    fn reseed(s: &mut Session) -> Result<()>;
+}
+
+/// An instance readied for its first code, which has never run user code.
+pub struct Ready {
+    pub guest: Guest,
+    pub instance: Instance,
+}
+
+/// What every instance is made from; the pool's and spare's threads hold it too.
+pub struct Shared<F: Flavour> {
+    engine: Engine,
+    pre: InstancePre<GuestState>,
+    /// Instances start from the pre-initialised image (false if it could not be built).
+    pub image: bool,
+    pub flavour: F,
+    pub calibration: F::Calibration,
+    state_key: Arc<StateKeyCell>,
+}
+
+impl<F: Flavour> Shared<F> {
+    /// A fresh instance in `place` (or fresh directories), not run and not armed, its clock
+    /// reading `clock`.
+    pub fn instantiate_at(
+        &self,
+        place: Option<&Place>,
+        clock: Duration,
+    ) -> Result<(Guest, Instance)> {
+        let spec = self.flavour.spec();
+        let mut guest = Guest::unarmed_at(&self.engine, &spec, &BTreeMap::new(), place, clock)?;
+        let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
+        Ok((guest, instance))
+    }
+
+    pub fn instantiate_in(&self, place: Option<&Place>) -> Result<(Guest, Instance)> {
+        self.instantiate_at(place, Duration::ZERO)
+    }
+
+    /// A fresh instance in `place`, readied for its first code.
+    pub fn ready_in(&self, place: Option<&Place>) -> Result<Ready> {
+        let (mut guest, instance) = self.instantiate_in(place)?;
+        F::ready(self, &mut guest, &instance)?;
+        Ok(Ready { guest, instance })
+    }
+}
+
+/// A loaded runtime of one language: its image pre-linked once, a pool of ready instances and a
+/// spare for restores and forks.
+pub struct ImageRuntime<F: Flavour> {
+    shared: Arc<Shared<F>>,
+    pool: Pool<Ready, Error>,
+    spares: Spares,
+}
+
+impl<F: Flavour> ImageRuntime<F> {
+    /// Loads the image `built` gave (the module cache's, or built now), else the plain module at
+    /// `plain` (each instance then costs `without_image`); measures what readies instances
+    /// faster, and starts the pool and the spare.
+    pub(crate) fn assemble(
+        engine: &Engine,
+        cache: &ModuleCache,
+        built: Option<Result<((Module, Origin), String)>>,
+        plain: &Path,
+        without_image: &str,
+        flavour: F,
+        pool: &PoolOptions,
+    ) -> Result<(Self, Origin)> {
+        let name = F::LANGUAGE.as_str();
+        let image: Option<((Module, Origin), PathBuf)> = match built {
+            Some(Ok((loaded, key))) => Some((loaded, cache.compiled_path(engine, &key))),
+            Some(Err(e)) => {
+                tracing::warn!(
+                    "{name}: the pre-initialised image could not be built ({e}); falling back \
+                     to the plain module, where {without_image}"
+                );
+                None
+            }
+            None => None,
+        };
+        let ((module, origin), compiled_image) = match image {
+            Some((loaded, path)) => (loaded, Some(path)),
+            None => (cache.load(engine, plain, name)?, None),
+        };
+        let pre = F::linker(engine)?
+            .instantiate_pre(&module)
+            .map_err(engine_err)?;
+        let mut shared = Shared {
+            engine: engine.clone(),
+            pre,
+            image: compiled_image.is_some(),
+            flavour,
+            calibration: F::Calibration::default(),
+            state_key: Arc::new(StateKeyCell::for_image(F::LANGUAGE, compiled_image)),
+        };
+        match on_guest_stack(&format!("{name} calibration"), || F::calibrate(&shared)) {
+            Ok(c) => shared.calibration = c,
+            Err(e) => tracing::info!("{name}: instances are readied without calibration: {e}"),
+        }
+        let shared = Arc::new(shared);
+        let made = shared.clone();
+        let polish = F::polish(&shared);
+        let pool = Pool::new(
+            name,
+            pool.size,
+            pool.refill_threads,
+            move || made.ready_in(None),
+            polish,
+        );
+        let (made, bound) = (shared.clone(), shared.clone());
+        let spares = Spares::new(
+            &format!("{name}-spare"),
+            move || {
+                let (mut guest, instance) = made.instantiate_at(None, Duration::ZERO)?;
+                F::prefault(&made, &mut guest, &instance);
+                Ok((guest, instance))
+            },
+            move |guest, place, clock| rebind_with(&bound.flavour.spec(), guest, place, clock),
+        );
+        Ok((
+            Self {
+                shared,
+                pool,
+                spares,
+            },
+            origin,
+        ))
+    }
+
+    /// Whether instances start from the pre-initialised image.
+    pub fn has_image(&self) -> bool {
+        self.shared.image
+    }
+
+    pub(crate) fn shared(&self) -> &Shared<F> {
+        &self.shared
+    }
+
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// The counters of the spare instance kept for restores and forks, once there is one.
+    pub fn spare_stats(&self) -> Option<PoolStats> {
+        self.spares.stats()
+    }
+
+    /// Waits until the pool is full (tests and benches measure the hit path with this).
+    pub fn wait_pool_full(&self, timeout: Duration) -> bool {
+        self.pool.wait_full(timeout)
+    }
+
+    /// Waits until the spare instance for restores and forks is made ([`Spares::wait_ready`]).
+    pub fn wait_spare(&self, timeout: Duration) -> bool {
+        self.spares.wait_ready(timeout)
+    }
+
+    /// Runs `req` in a ready instance (from the pool, or made now; in a sandbox's directories
+    /// one made for it, as pooled ones have their own) and drops it. Blocking: call it on a
+    /// guest thread.
+    pub fn run_oneshot(&self, req: &ExecRequest) -> Result<ExecResult> {
+        let Ready {
+            mut guest,
+            instance,
+        } = match &req.place {
+            None => self.pool.take_or_make()?,
+            Some(place) => self.shared.ready_in(Some(place))?,
+        };
+        guest.arm(req);
+        let r = F::oneshot(guest, &instance, req);
+        if req.place.is_none() {
+            self.pool.refill();
+        }
+        Ok(r)
+    }
+}
+
+impl<F: Flavour> SessionRuntime for ImageRuntime<F> {
+    fn language(&self) -> Language {
+        F::LANGUAGE
+    }
+
+    /// An instance of its own in `req`'s place, readied like a pooled one; `req` gives the
+    /// session's env and limits (its code is not run).
+    fn start(&self, req: &ExecRequest) -> Result<Session> {
+        self.shared.state_key.prepare();
+        let Ready {
+            mut guest,
+            instance,
+        } = self.shared.ready_in(req.place.as_ref())?;
+        guest.arm(req);
+        Ok(Session::new(guest, instance))
+    }
+
+    fn instantiate(&self, req: &ExecRequest, clock: Duration) -> Result<(Guest, Instance)> {
+        self.shared.instantiate_at(req.place.as_ref(), clock)
+    }
+
+    /// Runs `req` with its limits, env and working directory, applied first: a sandbox's env
+    /// may have changed since the last call.
+    fn call(&self, s: &mut Session, req: &ExecRequest, rich: bool) -> ExecResult {
+        s.guest.arm(req);
+        if !s.alive {
+            return s.ended(F::LANGUAGE);
+        }
+        F::call(s, req, rich)
+    }
+
+    fn state_key(&self) -> std::result::Result<Arc<StateKey>, String> {
+        self.shared.state_key.get()
+    }
+
+    fn reseed(&self, s: &mut Session) -> Result<()> {
+        F::reseed(s)
+    }
+
+    fn spares(&self) -> &Spares {
+        &self.spares
+    }
+}
