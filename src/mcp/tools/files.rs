@@ -389,24 +389,7 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<PathArgs>,
     ) -> Result<Json<FileStatus>, ToolError> {
-        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
-            Target::Local(sb) => sb,
-            Target::Cloud(c) => {
-                let work = async {
-                    c.sandbox.remove_file(&a.path).await?;
-                    Ok(json!({"status": "removed", "path": a.path}))
-                };
-                return self.in_cloud("file_remove", &c, work).await;
-            }
-        };
-        on_disk(move || {
-            let p = sb
-                .fs
-                .remove(&a.path)
-                .map_err(|e| file_error("file_remove", &a.path, &e))?;
-            Ok(status(p.guest().into(), "removed"))
-        })
-        .await
+        self.path_op(PathOp::Remove, a).await
     }
 
     #[tool(
@@ -424,22 +407,50 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<PathArgs>,
     ) -> Result<Json<FileStatus>, ToolError> {
+        self.path_op(PathOp::Mkdir, a).await
+    }
+}
+
+/// What file_remove and file_mkdir do to a path.
+#[derive(Clone, Copy)]
+enum PathOp {
+    Remove,
+    Mkdir,
+}
+
+impl PathOp {
+    /// The tool, and the status its answer reports.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            PathOp::Remove => ("file_remove", "removed"),
+            PathOp::Mkdir => ("file_mkdir", "created"),
+        }
+    }
+}
+
+impl WasmboxServer {
+    async fn path_op(&self, op: PathOp, a: PathArgs) -> Result<Json<FileStatus>, ToolError> {
+        let (tool, done) = op.names();
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => {
                 let work = async {
-                    c.sandbox.mkdir(&a.path).await?;
-                    Ok(json!({"status": "created", "path": a.path}))
+                    match op {
+                        PathOp::Remove => c.sandbox.remove_file(&a.path).await?,
+                        PathOp::Mkdir => c.sandbox.mkdir(&a.path).await?,
+                    }
+                    Ok(json!({"status": done, "path": a.path}))
                 };
-                return self.in_cloud("file_mkdir", &c, work).await;
+                return self.in_cloud(tool, &c, work).await;
             }
         };
         on_disk(move || {
-            let p = sb
-                .fs
-                .mkdir(&a.path)
-                .map_err(|e| file_error("file_mkdir", &a.path, &e))?;
-            Ok(status(p.guest().into(), "created"))
+            let p = match op {
+                PathOp::Remove => sb.fs.remove(&a.path),
+                PathOp::Mkdir => sb.fs.mkdir(&a.path),
+            }
+            .map_err(|e| file_error(tool, &a.path, &e))?;
+            Ok(status(p.guest().into(), done))
         })
         .await
     }
