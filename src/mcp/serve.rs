@@ -11,6 +11,8 @@ pub use super::streamable::{HttpOptions, http_tokens, serve_http};
 
 /// Serves MCP over stdin/stdout until the client closes the connection.
 pub async fn serve_stdio(wasmbox: Wasmbox) -> anyhow::Result<()> {
+    // The client is on this machine, reading each answer as the call's left-over work starts.
+    crate::engine::threads::settle_after_reply(SETTLE);
     warm_up(&wasmbox);
     let keeper = wasmbox.clone();
     let service = WasmboxServer::new(wasmbox).serve(stdio()).await?;
@@ -27,6 +29,10 @@ pub async fn serve_stdio(wasmbox: Wasmbox) -> anyhow::Result<()> {
     ended?;
     Ok(())
 }
+
+/// How long a call's left-over work (a pool refill, a spent instance's teardown) waits after
+/// its result over stdio: longer than the official Python SDK takes to read an answer.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(3);
 
 /// How long a stopping server spends saving sessions (idle ones are mostly saved already).
 pub const SAVE_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(5);

@@ -327,20 +327,15 @@ impl ServerHandler for WasmboxServer {
         // A cancelled call's guest (or Go build) stops at its next check; the call then returns
         // what it has, as at a deadline. Cloud one-shots are dropped, deleting their sandbox.
         let cancel = Arc::new(Stop::default());
-        let _watch = AbortOnDrop(tokio::spawn({
-            let (ct, cancel) = (context.ct.clone(), cancel.clone());
-            async move {
-                ct.cancelled().await;
-                cancel.stop(StopReason::Cancelled);
-            }
-        }));
         // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it sees.
         // Only a call with no HTTP request at all is stdio's (the local owner): an HTTP call that
         // reached here unnamed is refused, never served with the local owner's sandboxes.
         let owner = match context.extensions.get::<http::request::Parts>() {
             None => {
-                let call = CALL_CANCEL.scope(cancel, self.dispatch(request, context.clone()));
-                return Ok(super::progress::scope(&context, call).await.into());
+                let call =
+                    CALL_CANCEL.scope(cancel.clone(), self.dispatch(request, context.clone()));
+                let call = super::progress::scope(&context, call);
+                return Ok(watch_cancel(&context, &cancel, call).await.into());
             }
             Some(parts) => parts.extensions.get::<Owner>().cloned(),
         };
@@ -368,8 +363,9 @@ impl ServerHandler for WasmboxServer {
         };
         let mut this = self.clone();
         this.owner = owner.id.clone();
-        let call = CALL_CANCEL.scope(cancel, this.dispatch(request, context.clone()));
-        Ok(super::progress::scope(&context, call).await.into())
+        let call = CALL_CANCEL.scope(cancel.clone(), this.dispatch(request, context.clone()));
+        let call = super::progress::scope(&context, call);
+        Ok(watch_cancel(&context, &cancel, call).await.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -421,11 +417,21 @@ fn call_cancel() -> Option<Arc<Stop>> {
     CALL_CANCEL.try_with(Arc::clone).ok()
 }
 
-/// Aborts a watcher task when the call that started it ends (or is dropped).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+/// Runs `call`, raising `cancel` if the client cancels it meanwhile, and then still awaits it:
+/// the guest stops at its next check and the call returns what it has. In the call's own task,
+/// so a call costs no second task (whose spawn could wake another worker).
+async fn watch_cancel<F: std::future::Future>(
+    context: &RequestContext<RoleServer>,
+    cancel: &Stop,
+    call: F,
+) -> F::Output {
+    tokio::pin!(call);
+    tokio::select! {
+        biased;
+        r = &mut call => r,
+        () = context.ct.cancelled() => {
+            cancel.stop(StopReason::Cancelled);
+            call.await
+        }
     }
 }
