@@ -119,7 +119,7 @@ impl<T: Send + 'static, E: std::fmt::Display + Send + 'static> Pool<T, E> {
                     .name(format!("wasmbox-pool-{name}-{i}"))
                     .stack_size(GUEST_THREAD_STACK)
                     .spawn(move || {
-                        super::threads::lower_priority();
+                        super::threads::idle_priority();
                         refill(s)
                     })
                     .expect("spawning a pool refill thread");

@@ -102,7 +102,7 @@ fn hand_to_reaper<T: Send + 'static>(spent: T) {
         std::thread::Builder::new()
             .name("wasmbox-reaper".into())
             .spawn(move || {
-                lower_priority();
+                idle_priority();
                 while let Ok(job) = rx.recv() {
                     job();
                 }
@@ -136,16 +136,29 @@ pub fn on_guest_stack<R: Send, E: From<Error> + Send>(
     })
 }
 
-/// Makes the calling thread yield the CPU to request threads: background work (refills,
-/// teardown) must not delay an answer on a machine with few cores.
+/// Makes the calling thread yield the CPU to request threads: background work (idle-session
+/// saves, hashing) must not delay an answer on a machine with few cores.
 pub fn lower_priority() {
-    // SAFETY: plain syscalls on the calling thread; failure only leaves the priority as it was.
+    // SAFETY: a plain syscall on the calling thread; failure only leaves the priority as it was.
     #[cfg(target_os = "linux")]
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+    }
+}
+
+/// As [`lower_priority`], and further: the calling thread runs only on CPU time nobody else
+/// wants (SCHED_IDLE). For the work a call leaves behind (refilling a pool, tearing down a
+/// spent instance), whose starving under load the pool-empty path and the reaper's inline drop
+/// already bound.
+pub fn idle_priority() {
+    lower_priority();
+    // SAFETY: as above; lowering one's own policy needs no privilege.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::pid_t;
         let param = libc::sched_param { sched_priority: 0 };
-        libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_IDLE, &param);
+        libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param);
     }
 }
 
