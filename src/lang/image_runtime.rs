@@ -44,7 +44,9 @@ pub trait Flavour: Send + Sync + Sized + 'static {
     /// Gives a spare instance the pages a first run touches, as pooled instances have them.
     fn prefault(shared: &Shared<Self>, guest: &mut Guest, instance: &Instance);
     /// Work for pooled instances once the pool is full, if the language has any.
-    fn polish(shared: &Arc<Shared<Self>>) -> Option<Polish<Ready, Error>>;
+    fn polish(_shared: &Arc<Shared<Self>>) -> Option<Polish<Ready, Error>> {
+        None
+    }
     /// Runs an armed one-shot in a ready instance.
     fn oneshot(guest: Guest, instance: &Instance, req: &ExecRequest) -> ExecResult;
     /// Runs a call in a session that is armed and alive.

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -21,7 +20,6 @@ use super::session::{Session, exported_memory};
 use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
-use crate::engine::pool::Polish;
 use crate::engine::prefault::PageSet;
 use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, snapshot};
@@ -102,10 +100,6 @@ impl Flavour for JavaScript {
         if let Some(memory) = instance.get_memory(&mut guest.store, "memory") {
             shared.calibration.populate_memory(&guest.store, memory);
         }
-    }
-
-    fn polish(_: &Arc<Shared<Self>>) -> Option<Polish<Ready, Error>> {
-        None
     }
 
     fn oneshot(mut guest: Guest, instance: &Instance, req: &ExecRequest) -> ExecResult {

@@ -307,8 +307,7 @@ async fn offsets_and_limits_page_through_text_at_character_boundaries() {
     c.cancel().await.unwrap();
 }
 
-/// Runs a Python background job; returns once it has ended, so the next one never meets the
-/// per-client job limit.
+/// Runs a Python background job; returns once its last line has run (it writes `marker`).
 async fn job(c: &Client, id: &str, code: &str, marker: &str) {
     let code = format!("{code}\nopen('{marker}', 'w').write('1')");
     ok(
@@ -322,7 +321,6 @@ async fn job(c: &Client, id: &str, code: &str, marker: &str) {
         assert!(Instant::now() < deadline, "job {marker} never ended");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    settled(c, id).await;
 }
 
 /// Waits until no listed job runs any more.
@@ -349,6 +347,8 @@ async fn process_lists_fit_the_result_budget() {
     let id = create_sandbox(&c, json!({})).await;
     for i in 0..3 {
         job(&c, &id, "print('x' * 100_000)", &format!("done{i}")).await;
+        // Ended, not only written its marker: the next job must not meet the per-client limit.
+        settled(&c, &id).await;
     }
     for tool in ["execute_list_processes", "list_processes"] {
         let r = call(&c, tool, json!({"sandbox_id": id})).await;

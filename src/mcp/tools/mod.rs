@@ -324,19 +324,11 @@ impl ServerHandler for WasmboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         tracing::debug!(tool = %request.name, "tool call");
-        // A cancelled call's guest (or Go build) stops at its next check; the call then returns
-        // what it has, as at a deadline. Cloud one-shots are dropped, deleting their sandbox.
-        let cancel = Arc::new(Stop::default());
         // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it sees.
         // Only a call with no HTTP request at all is stdio's (the local owner): an HTTP call that
         // reached here unnamed is refused, never served with the local owner's sandboxes.
         let owner = match context.extensions.get::<http::request::Parts>() {
-            None => {
-                let call =
-                    CALL_CANCEL.scope(cancel.clone(), self.dispatch(request, context.clone()));
-                let call = super::progress::scope(&context, call);
-                return Ok(watch_cancel(&context, &cancel, call).await.into());
-            }
+            None => return Ok(self.serve(request, context).await.into()),
             Some(parts) => parts.extensions.get::<Owner>().cloned(),
         };
         let Some(owner) = owner else {
@@ -363,9 +355,7 @@ impl ServerHandler for WasmboxServer {
         };
         let mut this = self.clone();
         this.owner = owner.id.clone();
-        let call = CALL_CANCEL.scope(cancel.clone(), this.dispatch(request, context.clone()));
-        let call = super::progress::scope(&context, call);
-        Ok(watch_cancel(&context, &cancel, call).await.into())
+        Ok(this.serve(request, context).await.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -417,21 +407,28 @@ fn call_cancel() -> Option<Arc<Stop>> {
     CALL_CANCEL.try_with(Arc::clone).ok()
 }
 
-/// Runs `call`, raising `cancel` if the client cancels it meanwhile, and then still awaits it:
-/// the guest stops at its next check and the call returns what it has. In the call's own task,
-/// so a call costs no second task (whose spawn could wake another worker).
-async fn watch_cancel<F: std::future::Future>(
-    context: &RequestContext<RoleServer>,
-    cancel: &Stop,
-    call: F,
-) -> F::Output {
-    tokio::pin!(call);
-    tokio::select! {
-        biased;
-        r = &mut call => r,
-        () = context.ct.cancelled() => {
-            cancel.stop(StopReason::Cancelled);
-            call.await
+impl WasmboxServer {
+    /// Serves one call once its caller is known, with its progress and its cancel flag. A
+    /// cancelled call's guest (or Go build) stops at its next check and the call returns what it
+    /// has, as at a deadline; cloud one-shots are dropped, deleting their sandbox. The client's
+    /// cancel is watched in the call's own task, so a call costs no second task (whose spawn
+    /// could wake another worker).
+    async fn serve(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let cancel = Arc::new(Stop::default());
+        let call = CALL_CANCEL.scope(cancel.clone(), self.dispatch(request, context.clone()));
+        let call = super::progress::scope(&context, call);
+        tokio::pin!(call);
+        tokio::select! {
+            biased;
+            r = &mut call => r,
+            () = context.ct.cancelled() => {
+                cancel.stop(StopReason::Cancelled);
+                call.await
+            }
         }
     }
 }
