@@ -163,7 +163,7 @@ impl<T: Send + 'static, E: std::fmt::Display + Send + 'static> Pool<T, E> {
     /// thread).
     pub fn refill(&self) {
         let shared = self.shared.clone();
-        crate::engine::threads::after_reply(move || shared.wake.notify_one());
+        crate::engine::threads::after_answer(move || shared.wake.notify_one());
     }
 
     /// A ready instance, made now on the caller's thread when the pool is empty (the

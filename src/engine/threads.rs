@@ -14,19 +14,29 @@ type Job = Box<dyn FnOnce() + Send>;
 type Deferred = Box<dyn FnOnce() + Send>;
 
 thread_local! {
-    /// On a guest thread during a job: work to do once the job's result has been handed back.
-    static AFTER_REPLY: RefCell<Option<Vec<Deferred>>> = const { RefCell::new(None) };
+    /// On a guest thread during a job: work to do once the job's result has been handed back,
+    /// each piece with whether it may wait for the settling time ([`after_answer`]).
+    static AFTER_REPLY: RefCell<Option<Vec<(bool, Deferred)>>> = const { RefCell::new(None) };
 }
 
-/// Runs `f` once the current guest job's result has been handed back (now, elsewhere), or
-/// later still where [`settle_after_reply`] says so. Waking another thread (the reaper, a refill
-/// thread) costs the waker an inter-processor interrupt, tens of microseconds on a VM whose
-/// other vCPU sleeps: after the reply it delays nobody.
+/// Runs `f` once the current guest job's result has been handed back (now, elsewhere). Waking
+/// another thread (the reaper, a refill thread) costs the waker an inter-processor interrupt,
+/// tens of microseconds on a VM whose other vCPU sleeps: after the reply it delays nobody.
 pub fn after_reply(f: impl FnOnce() + Send + 'static) {
-    let f: Deferred = Box::new(f);
+    defer(false, Box::new(f));
+}
+
+/// As [`after_reply`], and later still where [`settle_after_reply`] says so: for work that only
+/// readies the next call (a pool refill), never for work that frees what a limit counts (a
+/// spent instance's slot), which must not wait in an unbounded queue.
+pub fn after_answer(f: impl FnOnce() + Send + 'static) {
+    defer(true, Box::new(f));
+}
+
+fn defer(settles: bool, f: Deferred) {
     let now = AFTER_REPLY.with_borrow_mut(|after| match after {
         Some(queue) => {
-            queue.push(f);
+            queue.push((settles, f));
             None
         }
         None => Some(f),
@@ -39,7 +49,7 @@ pub fn after_reply(f: impl FnOnce() + Send + 'static) {
 /// How long after a job's result its [`after_reply`] work waits, in microseconds (0: none).
 static SETTLE_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Holds every job's [`after_reply`] work for `settle` after its result: for a server whose
+/// Holds every job's [`after_answer`] work for `settle` after its result: for a server whose
 /// client runs on the same machine and reads the answer meanwhile (stdio; the official Python
 /// SDK parses and checks an answer for about a millisecond). A new instance made or an old one
 /// unmapped in that time competes with the client for the CPUs: on 2 cores a one-shot's round
@@ -51,13 +61,14 @@ pub fn settle_after_reply(settle: std::time::Duration) {
     );
 }
 
-/// Runs a job's `after` work now, or on the settling thread once the settling time is over.
-fn run_after(after: Vec<Deferred>) {
+/// Runs a job's deferred work: now, or (what may settle, where settling is on) on the
+/// settling thread once the settling time is over.
+fn run_after(after: Vec<(bool, Deferred)>) {
     let settle = SETTLE_US.load(std::sync::atomic::Ordering::Relaxed);
-    if settle == 0 || after.is_empty() {
-        for f in after {
-            let _ = std::panic::catch_unwind(AssertUnwindSafe(f));
-        }
+    let (later, now): (Vec<_>, Vec<_>) = after.into_iter().partition(|(s, _)| *s && settle > 0);
+    run_all(now.into_iter().map(|(_, f)| f).collect());
+    let after: Vec<Deferred> = later.into_iter().map(|(_, f)| f).collect();
+    if after.is_empty() {
         return;
     }
     type Held = (std::time::Instant, Vec<Deferred>);
@@ -70,9 +81,7 @@ fn run_after(after: Vec<Deferred>) {
                 // Held in the order they came, each due `settle` after its job ended.
                 while let Ok((due, after)) = rx.recv() {
                     std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
-                    for f in after {
-                        let _ = std::panic::catch_unwind(AssertUnwindSafe(f));
-                    }
+                    run_all(after);
                 }
             })
             .expect("spawning the settling thread");
@@ -80,9 +89,14 @@ fn run_after(after: Vec<Deferred>) {
     });
     let due = std::time::Instant::now() + std::time::Duration::from_micros(settle);
     if let Err(mpsc::SendError((_, after))) = tx.lock().unwrap().send((due, after)) {
-        for f in after {
-            let _ = std::panic::catch_unwind(AssertUnwindSafe(f));
-        }
+        run_all(after);
+    }
+}
+
+/// Runs deferred work; a panic in one piece fails only that piece.
+fn run_all(after: Vec<Deferred>) {
+    for f in after {
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(f));
     }
 }
 
