@@ -103,32 +103,39 @@ fn run_all(after: Vec<Deferred>) {
 /// Drops spent sandboxes on a background thread: unmapping or resetting a guest's memory and
 /// removing its scratch directories takes a millisecond or more that the caller should not wait
 /// for. The queue is short: when teardown falls behind (sustained load), the caller drops inline,
-/// so spent instances can never pile up and exhaust the allocator's slots.
+/// so spent instances can never pile up and exhaust the allocator's slots. That bound is also
+/// what lets teardown wait out the settling time ([`settle_after_reply`]): at most the queue's
+/// length of spent instances are ever held for it.
 pub fn drop_later<T: Send + 'static>(spent: T) {
     after_reply(move || hand_to_reaper(spent));
 }
 
 fn hand_to_reaper<T: Send + 'static>(spent: T) {
     const QUEUE: usize = 8;
-    static REAPER: std::sync::OnceLock<Mutex<mpsc::SyncSender<Job>>> = std::sync::OnceLock::new();
+    type Spent = (std::time::Instant, Job);
+    static REAPER: std::sync::OnceLock<Mutex<mpsc::SyncSender<Spent>>> = std::sync::OnceLock::new();
     let tx = REAPER.get_or_init(|| {
-        let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
+        let (tx, rx) = mpsc::sync_channel::<Spent>(QUEUE);
         std::thread::Builder::new()
             .name("wasmbox-reaper".into())
             .spawn(move || {
                 idle_priority();
-                while let Ok(job) = rx.recv() {
+                while let Ok((due, job)) = rx.recv() {
+                    std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
                     job();
                 }
             })
             .expect("spawning the reaper thread");
         Mutex::new(tx)
     });
+    let settle = SETTLE_US.load(std::sync::atomic::Ordering::Relaxed);
+    let due = std::time::Instant::now() + std::time::Duration::from_micros(settle);
     let job: Job = Box::new(move || drop(spent));
-    let refused = tx.lock().unwrap().try_send(job);
+    let refused = tx.lock().unwrap().try_send((due, job));
     match refused {
         Ok(()) => {}
-        Err(mpsc::TrySendError::Full(job)) | Err(mpsc::TrySendError::Disconnected(job)) => job(),
+        Err(mpsc::TrySendError::Full((_, job)))
+        | Err(mpsc::TrySendError::Disconnected((_, job))) => job(),
     }
 }
 
