@@ -73,6 +73,8 @@ pub struct Config {
     pub webhook: WebhookConfig,
     /// MCP sessions one `serve --http` token may hold open; each costs a session task and buffers.
     pub sessions_per_token: usize,
+    /// What guests may reach through the host (`reach::ReachConfig::from_env`).
+    pub reach: crate::reach::ReachConfig,
 }
 
 /// Where async results may be POSTed, and the key that signs them.
@@ -218,6 +220,7 @@ impl Config {
                 ),
             },
             sessions_per_token: env_num("WASMBOX_SESSIONS_PER_TOKEN").unwrap_or(16).max(1),
+            reach: crate::reach::ReachConfig::from_env(),
             webhook: WebhookConfig {
                 allow_any_host: std::env::var("WASMBOX_WEBHOOK_ALLOW_ANY").is_ok_and(|v| v == "1"),
                 allow_private: std::env::var("WASMBOX_WEBHOOK_ALLOW_PRIVATE")

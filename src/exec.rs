@@ -31,6 +31,8 @@ pub struct ExecOptions {
     pub progress: Option<engine::progress::ProgressSink>,
     /// Whose call it is (see [`ExecRequest::owner`]); `None` is the local user.
     pub owner: Option<engine::cpu::Owner>,
+    /// Hosts the run may reach, within the server's `WASMBOX_ALLOW_HOSTS` (`None`: all of those).
+    pub allow_hosts: Option<Vec<String>>,
 }
 
 /// A blocking execution handed to a guest thread.
@@ -77,6 +79,10 @@ impl Wasmbox {
             }
         };
         check_env(&opts.env)?;
+        let reach = match &opts.allow_hosts {
+            None => self.inner.reach.clone(),
+            Some(hosts) => Arc::new(self.inner.reach.narrowed(hosts).map_err(Error::invalid)?),
+        };
         Ok(ExecRequest {
             language,
             code: opts.code,
@@ -91,6 +97,7 @@ impl Wasmbox {
             progress: opts.progress,
             images: cfg.images,
             owner: opts.owner.unwrap_or_else(|| sandbox::LOCAL_OWNER.into()),
+            reach: Some(reach),
         })
     }
 

@@ -11,6 +11,7 @@ mod exec;
 pub mod fit;
 pub mod lang;
 pub mod mcp;
+pub mod reach;
 mod runtimes;
 pub mod sandbox;
 pub mod session;
@@ -58,6 +59,8 @@ struct Inner {
     webhook_key: Vec<u8>,
     /// Delivers webhooks only (checked addresses, no redirects).
     http: reqwest::Client,
+    /// What guests may reach: the server's allowlist and the client their requests go through.
+    reach: Arc<reach::Reach>,
     /// The HOPX client; whether it may be used is `cloud::route`'s call.
     cloud: Option<cloud::Cloud>,
     /// Cloud sandboxes, by their wasmbox id.
@@ -104,6 +107,7 @@ impl Wasmbox {
                 webhook_key,
                 http: sandbox::webhook::client(&config.webhook)
                     .map_err(|e| Error::wasm(format!("building the HTTP client: {e}")))?,
+                reach: Arc::new(reach::Reach::new(config.reach.clone()).map_err(Error::invalid)?),
                 live: Semaphore::new(config.max_guests),
                 cpu: engine::cpu::CpuSlots::new(config.max_concurrency, config.foreground_slots),
                 guests: engine::threads::GuestThreads::new(

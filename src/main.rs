@@ -232,6 +232,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 cancel: None,
                 progress: None,
                 owner: None,
+                allow_hosts: None,
             })?;
             let result = wasmbox.execute(req).await?;
             // A closed stdout (e.g. piped into `head`) is not an error worth a panic.

@@ -655,7 +655,7 @@ const util = {
 const builtins = { fs, path, util, assert, process: processObj, 'fs/promises': fs.promises,
   timers: { setTimeout: g.setTimeout, clearTimeout, setInterval: g.setInterval, clearInterval: clear, setImmediate: g.setImmediate },
   'assert/strict': assert };
-const BUILTIN_NOTE = 'wasmbox: no npm packages or network; built-in modules: ' + Object.keys(builtins).join(', ');
+const BUILTIN_NOTE = 'wasmbox: no npm packages (fetch reaches the hosts the server allows); built-in modules: ' + Object.keys(builtins).join(', ');
 const cjsCache = new Map();
 function builtinName(name) {
   const n = name.startsWith('node:') ? name.slice(5) : name;
@@ -717,6 +717,96 @@ function moduleSource(name) {
   return `const m = globalThis.require(${JSON.stringify(b)});\nexport default m;\n` +
     (names.length ? `export const { ${names.join(', ')} } = m;\n` : '');
 }
+
+// ------------------------------------------------------------------ fetch
+// The host makes the request (only to hosts the server allows, WASMBOX_ALLOW_HOSTS) and
+// answers through the door; the guest waits for it as in a sleep. The frame is
+// `wasmbox:http\n` + JSON head + NUL + body; the answer is JSON head + NUL + body.
+const hostCall = g.__wasmbox_host_call;
+delete g.__wasmbox_host_call;
+class Headers {
+  constructor(init) {
+    this._h = [];
+    if (init == null) return;
+    const pairs = init instanceof Headers ? init._h : Array.isArray(init) ? init : Object.entries(init);
+    for (const [k, v] of pairs) this.append(k, v);
+  }
+  append(k, v) { this._h.push([String(k).toLowerCase(), String(v)]); }
+  set(k, v) { this.delete(k); this.append(k, v); }
+  get(k) {
+    k = String(k).toLowerCase();
+    const vs = this._h.filter(([n]) => n === k).map(([, v]) => v);
+    return vs.length ? vs.join(', ') : null;
+  }
+  has(k) { return this.get(k) !== null; }
+  delete(k) { k = String(k).toLowerCase(); this._h = this._h.filter(([n]) => n !== k); }
+  forEach(f, self) { for (const [k, v] of this._h) f.call(self, v, k, this); }
+  *entries() { for (const [k, v] of this._h) yield [k, v]; }
+  *keys() { for (const [k] of this._h) yield k; }
+  *values() { for (const [, v] of this._h) yield v; }
+  [Symbol.iterator]() { return this.entries(); }
+}
+function bodyBytes(body) {
+  if (body == null) return new Uint8Array(0);
+  if (typeof body === 'string') return new TextEncoder().encode(body);
+  if (body instanceof ArrayBuffer) return new Uint8Array(body);
+  if (ArrayBuffer.isView(body)) return new Uint8Array(body.buffer, body.byteOffset, body.byteLength);
+  return new TextEncoder().encode(String(body));
+}
+class Response {
+  constructor(body, init = {}) {
+    this._body = bodyBytes(body);
+    this.status = init.status ?? 200;
+    this.statusText = init.statusText ?? '';
+    this.headers = new Headers(init.headers);
+    this.url = init.url ?? '';
+    this.ok = this.status >= 200 && this.status < 300;
+    this.redirected = false;
+    this.type = 'basic';
+    this.bodyUsed = false;
+  }
+  _take() {
+    if (this.bodyUsed) throw new TypeError('Body is unusable: Body has already been read');
+    this.bodyUsed = true;
+    return this._body;
+  }
+  async arrayBuffer() { return this._take().slice().buffer; }
+  async bytes() { return this._take().slice(); }
+  async text() { return new TextDecoder().decode(this._take()); }
+  async json() { return JSON.parse(await this.text()); }
+  clone() {
+    const r = new Response(this._body.slice(), { status: this.status, statusText: this.statusText, headers: this.headers, url: this.url });
+    r.redirected = this.redirected;
+    return r;
+  }
+}
+async function fetch(input, init = {}) {
+  const url = String(typeof input === 'object' && input !== null && 'url' in input ? input.url : input);
+  const method = String(init.method || (input && input.method) || 'GET').toUpperCase();
+  const headers = new Headers(init.headers || (input && input.headers));
+  if (typeof init.body === 'string' && !headers.has('content-type')) headers.set('content-type', 'text/plain;charset=UTF-8');
+  const body = bodyBytes(init.body);
+  const head = new TextEncoder().encode('wasmbox:http\n' + JSON.stringify({ method, url, headers: headers._h }));
+  const frame = new Uint8Array(head.length + 1 + body.length);
+  frame.set(head);
+  frame.set(body, head.length + 1);
+  const answer = new Uint8Array(hostCall(frame.buffer));
+  const nul = answer.indexOf(0);
+  const a = JSON.parse(new TextDecoder().decode(answer.subarray(0, nul)));
+  if (a.error) {
+    const cause = new Error(a.error.message);
+    cause.code = a.error.kind === 'refused' ? 'ECONNREFUSED' : 'EIO';
+    const e = new TypeError('fetch failed: ' + a.error.message);
+    e.cause = cause;
+    throw e;
+  }
+  const r = new Response(answer.subarray(nul + 1), { status: a.status, statusText: a.reason, headers: a.headers, url: a.url });
+  r.redirected = a.url !== url;
+  return r;
+}
+hidden(g, 'fetch', fetch);
+hidden(g, 'Headers', Headers);
+hidden(g, 'Response', Response);
 
 // hooks for the C side
 g.__wasmbox_hooks = {

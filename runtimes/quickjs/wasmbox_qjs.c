@@ -481,6 +481,47 @@ static const JSCFunctionListEntry wb_perf_funcs[] = {
     JS_CGETSET_DEF("timeOrigin", wb_perf_time_origin, NULL),
 };
 
+/* ---------------------------------------------------------------- */
+/* the door: host calls (an HTTP request to an allowed host, ...) */
+
+/* host.call(req, req_len, out_ptr_ptr, out_len_ptr): 0 with the answer in
+   memory from host_alloc (ours to free), -1 when the host takes no such
+   frame, -2 when it or its answer did not fit. */
+__attribute__((import_module("host"), import_name("call")))
+int32_t wb_door(int32_t req, int32_t len, int32_t out_ptr, int32_t out_len);
+
+WB_EXPORT("host_alloc")
+int32_t host_alloc(int32_t size)
+{
+    return wb_alloc(size);
+}
+
+/* __wasmbox_host_call(ArrayBuffer) -> ArrayBuffer: the prelude's fetch
+   takes it and deletes the global. */
+static JSValue wb_host_call(JSContext *ctx, JSValueConst this_val, int argc,
+                            JSValueConst *argv)
+{
+    size_t len;
+    uint8_t *buf;
+    int32_t out = 0, out_len = 0, rc;
+    JSValue r;
+
+    if (argc < 1)
+        return JS_ThrowTypeError(ctx, "a frame is needed");
+    buf = JS_GetArrayBuffer(ctx, &len, argv[0]);
+    if (!buf)
+        return JS_EXCEPTION;
+    rc = wb_door((int32_t)(uintptr_t)buf, (int32_t)len,
+                 (int32_t)(uintptr_t)&out, (int32_t)(uintptr_t)&out_len);
+    if (rc == -1)
+        return JS_ThrowTypeError(ctx, "no host is bound to the door");
+    if (rc != 0)
+        return JS_ThrowInternalError(ctx, "the door failed (the request or its answer did not fit)");
+    r = JS_NewArrayBufferCopy(ctx, (const uint8_t *)(uintptr_t)out, (size_t)out_len);
+    free((void *)(uintptr_t)out);
+    return r;
+}
+
 /* Replaces Math.random and the performance object with the per-instance
    versions above. 0 on success. */
 static int wb_install_fresh(JSContext *ctx)
@@ -496,7 +537,9 @@ static int wb_install_fresh(JSContext *ctx)
         JS_SetPropertyFunctionList(ctx, perf, wb_perf_funcs,
                                    sizeof(wb_perf_funcs) / sizeof(wb_perf_funcs[0])) >= 0 &&
         JS_DefinePropertyValueStr(ctx, global, "performance", JS_DupValue(ctx, perf),
-                                  JS_PROP_WRITABLE | JS_PROP_CONFIGURABLE) >= 0)
+                                  JS_PROP_WRITABLE | JS_PROP_CONFIGURABLE) >= 0 &&
+        JS_SetPropertyStr(ctx, global, "__wasmbox_host_call",
+                          JS_NewCFunction(ctx, wb_host_call, "hostCall", 1)) >= 0)
         rc = 0;
     JS_FreeValue(ctx, perf);
     JS_FreeValue(ctx, math);

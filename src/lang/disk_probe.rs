@@ -241,6 +241,7 @@ impl Probe {
             progress: None,
             images: None,
             owner: "probe".into(),
+            reach: None,
         };
         let spec = GuestSpec {
             argv: &["probe"],

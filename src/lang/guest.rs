@@ -38,6 +38,8 @@ pub struct GuestState {
     pub(super) stdio: [CappedOutput; 2],
     /// The figures the current call handed over through the door (Python).
     pub(super) images: super::images::ImageSink,
+    /// The current run's host calls (`reach`): what it may reach, and its budget.
+    pub(super) calls: crate::reach::calls::HostCalls,
 }
 
 /// A linker with WASI preview 1 (its waits interruptible), the only host interface guests get.
@@ -144,6 +146,7 @@ impl Parts {
                 files: Default::default(),
                 stdio: [stdout.clone(), stderr.clone()],
                 images: Default::default(),
+                calls: Default::default(),
             },
             stdout,
             stderr,
@@ -240,6 +243,7 @@ impl Guest {
         self.stderr.set_cap(req.output_bytes);
         self.store.data_mut().limiter.set_limit(req.memory_bytes);
         self.store.data_mut().images = super::images::ImageSink::new(req.images);
+        self.store.data_mut().calls = crate::reach::calls::HostCalls::new(req.reach.clone());
         let (stop, disk) = match (&req.place, &self._scratch) {
             (Some(p), _) => (Some(p.stop.clone()), p.disk.clone()),
             (None, Some(s)) => {

@@ -12,9 +12,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, Instance, Linker, Module, Store};
 
-use super::guest::{
-    Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err, wasi_linker,
-};
+use super::guest::{Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err};
 use super::image_runtime::{Flavour, ImageRuntime, PoolOptions, Ready, Shared};
 use super::session::{Session, exported_memory};
 use super::{ExecRequest, ExecResult, Language};
@@ -59,7 +57,7 @@ impl Flavour for JavaScript {
     }
 
     fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
-        wasi_linker(engine)
+        crate::lang::door::linker(engine)
     }
 
     /// Which pages a fresh instance's first small eval writes and reads, measured on a
@@ -272,7 +270,7 @@ fn load_image(
         crate::engine::progress::stage("building the pre-initialised javascript image (once)");
         let wasm = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         let warm_engine = engine::warmup_engine()?;
-        let linker = wasi_linker(&warm_engine)?;
+        let linker = crate::lang::door::linker(&warm_engine)?;
         // The snapshot freezes wasi-libc's preopen table and cwd: the warm-up uses the
         // production preopen layout (a fresh /workspace and /tmp, as every sandbox has).
         on_guest_stack("javascript image", || {

@@ -2,6 +2,7 @@
 
 #[doc(hidden)]
 pub mod disk_probe;
+pub mod door;
 mod error;
 pub mod go;
 pub mod guest;
@@ -96,6 +97,8 @@ pub struct ExecRequest {
     pub images: Option<images::ImageBudget>,
     /// Whose call it is: the CPU slots are shared between owners (`engine::cpu`).
     pub owner: crate::engine::cpu::Owner,
+    /// What the run's guest may reach through the door (`None`: nothing).
+    pub reach: Option<Arc<crate::reach::Reach>>,
 }
 
 /// Where a sandboxed execution runs: its sandbox's `/workspace` and `/tmp` (host directories

@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, Module};
 
-use super::door::linker;
 use super::turn::{PROLOGUE, call, literal, prologue, run_turn};
 use super::{Error, PythonPaths, Result, base_env};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, snapshot};
+use crate::lang::door::linker;
 use crate::lang::guest::{Guest, engine_err};
 
 /// The code run during the image's warm-up, after the prologue.

@@ -15,7 +15,6 @@
 //! files beside them.
 
 mod calibrate;
-mod door;
 mod image;
 mod rich;
 mod turn;
@@ -30,7 +29,6 @@ use std::sync::Arc;
 use wasmtime::{Engine, Instance, Linker};
 
 use self::calibrate::FastReady;
-use self::door::linker;
 use self::image::load_image;
 use self::turn::{WARM_TURN, call, prologue, run_turn, turn, user_turn};
 use super::guest::{Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST};
@@ -40,6 +38,7 @@ use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::Polish;
+use crate::lang::door::linker;
 
 /// The guest path of the interpreter, as argv[0]: the prefix /usr/local is baked into the build.
 const ARGV0: &str = "/usr/local/bin/python.wasm";

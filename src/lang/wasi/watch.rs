@@ -152,6 +152,25 @@ impl Watch {
         self.retake(released)
     }
 
+    /// Waits for `poll` to give an answer (it waits up to the time it is given), without
+    /// holding a CPU slot, in slices that end the wait with the guest's deadline, stop flag or
+    /// quota, as [`Watch::wait`] does.
+    pub fn wait_for<T>(
+        &mut self,
+        mut poll: impl FnMut(Duration) -> Option<T>,
+    ) -> wasmtime::Result<T> {
+        let released = cpu::release();
+        loop {
+            let now = Instant::now();
+            self.check(now)?;
+            let until = (now + SLICE).min(self.deadline);
+            if let Some(answer) = poll(until.saturating_duration_since(now)) {
+                self.retake(released)?;
+                return Ok(answer);
+            }
+        }
+    }
+
     /// Gives this guest's CPU slot to another owner's waiting call when its owner holds more
     /// than its share (`engine::cpu`), then waits for a slot again.
     pub fn share_slot(&mut self) -> wasmtime::Result<()> {

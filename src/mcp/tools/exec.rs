@@ -43,6 +43,11 @@ pub struct ExecuteCodeIsolatedArgs {
     /// true runs the one-shot in the HOPX cloud (local sandboxes have no network).
     #[serde(default, deserialize_with = "lenient_opt")]
     internet_access: Option<bool>,
+    /// Hosts this run's code may reach over HTTP, e.g. ["api.example.com", "*.example.org"]:
+    /// within what the server allows (WASMBOX_ALLOW_HOSTS; guest network is off without it).
+    /// Default: all of those.
+    #[serde(default, deserialize_with = "lenient_opt")]
+    allow_hosts: Option<Vec<String>>,
     /// Accepted for HOPX compatibility; ignored locally.
     #[serde(default)]
     #[allow(dead_code)]
@@ -109,6 +114,11 @@ pub struct ExecuteCodeArgs {
     /// isolated mode: true runs the one-shot in the HOPX cloud (local sandboxes have no network).
     #[serde(default, deserialize_with = "lenient_opt")]
     pub internet_access: Option<bool>,
+    /// Hosts this run's code may reach over HTTP, e.g. ["api.example.com", "*.example.org"]:
+    /// within what the server allows (WASMBOX_ALLOW_HOSTS; guest network is off without it).
+    /// Default: all of those.
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub allow_hosts: Option<Vec<String>>,
     /// Accepted for HOPX compatibility; ignored locally.
     #[serde(default)]
     #[allow(dead_code)]
@@ -139,6 +149,11 @@ pub struct ExecuteInSandboxArgs {
     /// Background job name (execute_code_background).
     #[serde(default)]
     pub(super) name: Option<String>,
+    /// Hosts this run's code may reach over HTTP, e.g. ["api.example.com", "*.example.org"]:
+    /// within what the server allows (WASMBOX_ALLOW_HOSTS; guest network is off without it).
+    /// Default: all the sandbox may reach.
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub(super) allow_hosts: Option<Vec<String>>,
     /// Accepted for HOPX compatibility (execute_code_rich always captures).
     #[serde(default, deserialize_with = "lenient_opt")]
     #[allow(dead_code)]
@@ -177,6 +192,7 @@ struct OneShot {
     echo: Option<bool>,
     template: Option<String>,
     internet_access: bool,
+    allow_hosts: Option<Vec<String>>,
 }
 
 #[tool_router(router = exec_router, vis = "pub(super)")]
@@ -220,6 +236,7 @@ impl WasmboxServer {
                     echo: a.echo,
                     template: a.template_name,
                     internet_access: a.internet_access.unwrap_or(false),
+                    allow_hosts: a.allow_hosts,
                 })
                 .await;
         };
@@ -232,6 +249,7 @@ impl WasmboxServer {
             working_dir: a.working_dir,
             echo: a.echo,
             name: a.name,
+            allow_hosts: a.allow_hosts,
             capture_rich: None,
         };
         if mode != Mode::Isolated {
@@ -248,7 +266,15 @@ impl WasmboxServer {
         let max = self.wasmbox.config().max_timeout.as_secs_f64();
         let echo = a.echo.unwrap_or(false);
         let req = self
-            .request(&a.language, a.code, a.timeout, a.env, echo, max)
+            .request(
+                &a.language,
+                a.code,
+                a.timeout,
+                a.env,
+                echo,
+                max,
+                a.allow_hosts,
+            )
             .map_err(fail)?;
         let r = self
             .wasmbox
@@ -288,6 +314,7 @@ impl WasmboxServer {
             echo: a.echo,
             template: a.template_name,
             internet_access: a.internet_access.unwrap_or(false),
+            allow_hosts: a.allow_hosts,
         })
         .await
     }
@@ -375,7 +402,7 @@ impl WasmboxServer {
         };
         let fail = |e: Error| exec_error("async", &e, Some(&a.language));
         let req = self
-            .request(&a.language, a.code, a.timeout, a.env, false, max)
+            .request(&a.language, a.code, a.timeout, a.env, false, max, None)
             .map_err(fail)?;
         let id = self
             .wasmbox
@@ -409,6 +436,7 @@ impl WasmboxServer {
         env: Env,
         echo: bool,
         max_timeout: f64,
+        allow_hosts: Option<Vec<String>>,
     ) -> Result<crate::ExecRequest, Error> {
         // The library checks against its own maximum; background jobs may run longer.
         let lib_max = self.wasmbox.config().max_timeout.as_secs_f64();
@@ -423,6 +451,7 @@ impl WasmboxServer {
             cancel: call_cancel(),
             progress: crate::mcp::progress::call_progress(),
             owner: Some(self.owner.clone()),
+            allow_hosts,
         })?;
         if let Some(t) = long {
             req.timeout = Duration::from_secs_f64(t);
@@ -464,6 +493,7 @@ impl WasmboxServer {
                     a.env,
                     false,
                     BACKGROUND_MAX_TIMEOUT,
+                    a.allow_hosts,
                 )
                 .map_err(fail)?;
             let language = req.language;
@@ -491,7 +521,15 @@ impl WasmboxServer {
         let max = self.wasmbox.config().max_timeout.as_secs_f64();
         let echo = a.echo.unwrap_or(true);
         let req = self
-            .request(&a.language, a.code, a.timeout, a.env, echo, max)
+            .request(
+                &a.language,
+                a.code,
+                a.timeout,
+                a.env,
+                echo,
+                max,
+                a.allow_hosts,
+            )
             .map_err(fail)?;
         let rich = mode == Mode::Rich;
         let r = self
@@ -517,6 +555,7 @@ impl WasmboxServer {
                 cancel: call_cancel(),
                 progress: crate::mcp::progress::call_progress(),
                 owner: Some(self.owner.clone()),
+                allow_hosts: o.allow_hosts,
             })
             .map_err(fail)?;
         let r = self

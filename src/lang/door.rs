@@ -1,0 +1,98 @@
+//! The door: the one host function guests have beyond WASI, `host.call(frame)`. Through it a
+//! Python turn hands its figures over as PNG (never through stdout or stderr, which the caller's
+//! code writes too), bounded by the call's image budget, and any guest makes its host calls
+//! (`reach::calls`): an HTTP request to an allowed host, waited for as a sleep is.
+
+use wasmtime::{Caller, Engine, Linker, Memory};
+
+use super::Result;
+use super::guest::{GuestState, engine_err, wasi_linker};
+use crate::reach::calls::{HostCalls, Started};
+
+/// The WASI linker with the door added: what every Python and JavaScript instance, and their
+/// image builds, link.
+pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
+    let mut linker = wasi_linker(engine)?;
+    linker.func_wrap("host", "call", door).map_err(engine_err)?;
+    Ok(linker)
+}
+
+/// `host.call(req_ptr, req_len, out_ptr_ptr, out_len_ptr) -> i32`: 0 with an answer in memory
+/// the guest's `host_alloc` gave (the guest frees it); -1 when the frame is not ours (or a
+/// figure when no images were asked for), which makes Python's `_host.call` raise
+/// ConnectionRefusedError, as when no host is bound; -2 when the frame or answer does not fit.
+fn door(
+    mut caller: Caller<'_, GuestState>,
+    ptr: i32,
+    len: i32,
+    out_ptr: i32,
+    out_len: i32,
+) -> wasmtime::Result<i32> {
+    let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
+    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
+        return Ok(-2);
+    };
+    let (data, state) = memory.data_and_store_mut(&mut caller);
+    let Some(frame) = data.get(ptr..ptr.saturating_add(len)) else {
+        return Ok(-2);
+    };
+    if HostCalls::is_call(&frame[..frame.len().min(64)]) {
+        let started = if len > state.calls.max_frame() {
+            Started::Now(state.calls.oversized(len))
+        } else {
+            state.calls.start(frame)
+        };
+        let answer = match started {
+            Started::Now(a) => a,
+            Started::Later(pending) => {
+                let a = state.watch.wait_for(|wait| pending.poll(wait))?;
+                state.calls.deliver(a)
+            }
+        };
+        return write_answer(&mut caller, memory, &answer, out_ptr, out_len);
+    }
+    let Some(budget) = state.images.budget().copied() else {
+        return Ok(-1);
+    };
+    // A frame past the largest image the budget could take is counted by its head, not read.
+    let taken = if len > super::images::max_frame(&budget) {
+        state.images.offer_oversized(frame)
+    } else {
+        state.images.offer(frame)
+    };
+    if !taken {
+        return Ok(-1);
+    }
+    write_answer(&mut caller, memory, b"1", out_ptr, out_len)
+}
+
+/// Writes `answer` into memory the guest's allocator gives and its place and length where the
+/// guest asked: 0, or -2 when the guest has no room for it.
+fn write_answer(
+    caller: &mut Caller<'_, GuestState>,
+    memory: Memory,
+    answer: &[u8],
+    out_ptr: i32,
+    out_len: i32,
+) -> wasmtime::Result<i32> {
+    let Ok(size) = i32::try_from(answer.len()) else {
+        return Ok(-2);
+    };
+    let alloc = caller
+        .get_export("host_alloc")
+        .and_then(|e| e.into_func())
+        .ok_or_else(|| wasmtime::format_err!("the module exports no host_alloc"))?
+        .typed::<i32, i32>(&*caller)?;
+    let at = alloc.call(&mut *caller, size.max(1))?;
+    if at == 0 {
+        return Ok(-2);
+    }
+    let written = [
+        (at, answer),
+        (out_ptr, &at.to_le_bytes()[..]),
+        (out_len, &(size as u32).to_le_bytes()[..]),
+    ]
+    .into_iter()
+    .try_for_each(|(to, bytes)| memory.write(&mut *caller, to as u32 as usize, bytes));
+    Ok(if written.is_ok() { 0 } else { -2 })
+}

@@ -1,0 +1,198 @@
+//! The host-call channel: one frame in, one answer out, per call, under a per-run budget.
+//!
+//! A frame is `wasmbox:<op>\n` then a JSON head, a NUL and raw bytes (a body); an answer is a
+//! JSON head, a NUL and raw bytes. Raw bytes after the head spare bodies base64's third and the
+//! JSON string escapes. The guest waits for the answer as in a sleep (`Watch::wait_for`): the
+//! work runs on the host's reach runtime, and is dropped (its request aborted) when the guest's
+//! deadline, kill, cancel or shutdown ends the wait.
+
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::Reach;
+use super::http::{self, Failure};
+
+const HTTP: &[u8] = b"wasmbox:http\n";
+
+/// Bytes of a frame's head (method, URL, headers) beyond its body.
+const HEAD_BYTES: usize = 1 << 20;
+
+/// A run's host calls: what it may reach and what it has left of its budget.
+#[derive(Default)]
+pub struct HostCalls {
+    reach: Option<Arc<Reach>>,
+    calls_left: usize,
+    bytes_left: usize,
+}
+
+/// A call the host is working on; dropping it aborts the work.
+pub struct Pending {
+    rx: mpsc::Receiver<Vec<u8>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Pending {
+    /// The answer, if it comes within `wait`.
+    pub fn poll(&self, wait: Duration) -> Option<Vec<u8>> {
+        match self.rx.recv_timeout(wait) {
+            Ok(answer) => Some(answer),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => Some(failure(&Failure {
+                kind: "failed",
+                message: "the host's work on this call ended without an answer".into(),
+            })),
+        }
+    }
+}
+
+/// What a frame started.
+pub enum Started {
+    /// Answered at once (refused, over budget, malformed).
+    Now(Vec<u8>),
+    Later(Pending),
+}
+
+impl HostCalls {
+    pub fn new(reach: Option<Arc<Reach>>) -> Self {
+        let (calls_left, bytes_left) = reach
+            .as_ref()
+            .map_or((0, 0), |r| (r.config.calls, r.config.call_bytes));
+        Self {
+            reach,
+            calls_left,
+            bytes_left,
+        }
+    }
+
+    /// The largest frame the host reads; a longer one is answered without being read.
+    pub fn max_frame(&self) -> usize {
+        self.reach.as_ref().map_or(HEAD_BYTES, |r| {
+            r.config.http_bytes.saturating_add(HEAD_BYTES)
+        })
+    }
+
+    /// Whether `head` (a frame's first bytes) is a host call's.
+    pub fn is_call(head: &[u8]) -> bool {
+        head.starts_with(HTTP)
+    }
+
+    /// A frame too long to read, answered by its length.
+    pub fn oversized(&self, len: usize) -> Vec<u8> {
+        failure(&Failure::too_large(format!(
+            "the request is {len} bytes, over WASMBOX_HTTP_BYTES ({} bytes)",
+            self.max_frame() - HEAD_BYTES
+        )))
+    }
+
+    /// Starts the call `frame` asks for.
+    pub fn start(&mut self, frame: &[u8]) -> Started {
+        let Some(rest) = frame.strip_prefix(HTTP) else {
+            return Started::Now(protocol("unknown operation"));
+        };
+        let Some(reach) = self.reach.clone() else {
+            return Started::Now(failure(&Failure::refused(
+                "guest network is off during start-up".into(),
+            )));
+        };
+        if self.calls_left == 0 {
+            return Started::Now(failure(&Failure {
+                kind: "budget",
+                message: format!(
+                    "this run has made all the host calls it may ({}; WASMBOX_HOST_CALLS)",
+                    reach.config.calls
+                ),
+            }));
+        }
+        if frame.len() > self.bytes_left {
+            return Started::Now(self.over_bytes(&reach));
+        }
+        self.calls_left -= 1;
+        self.bytes_left -= frame.len();
+        let (head, body) = match rest.iter().position(|b| *b == 0) {
+            Some(at) => (&rest[..at], rest[at + 1..].to_vec()),
+            None => (rest, Vec::new()),
+        };
+        let req: http::Request = match serde_json::from_slice(head) {
+            Ok(r) => r,
+            Err(e) => return Started::Now(protocol(&format!("the request's head: {e}"))),
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        let task = runtime().spawn(async move {
+            let answer = match http::fetch(&reach, req, body).await {
+                Ok((head, body)) => answer(&head, &body),
+                Err(f) => failure(&f),
+            };
+            let _ = tx.send(answer);
+        });
+        Started::Later(Pending {
+            rx,
+            task: task.abort_handle(),
+        })
+    }
+
+    /// Counts an answer against the run's bytes; past them the guest gets the refusal instead.
+    pub fn deliver(&mut self, answer: Vec<u8>) -> Vec<u8> {
+        match self.bytes_left.checked_sub(answer.len()) {
+            Some(left) => {
+                self.bytes_left = left;
+                answer
+            }
+            None => {
+                self.bytes_left = 0;
+                let reach = self.reach.clone().expect("a call was started");
+                self.over_bytes(&reach)
+            }
+        }
+    }
+
+    fn over_bytes(&self, reach: &Reach) -> Vec<u8> {
+        failure(&Failure {
+            kind: "budget",
+            message: format!(
+                "this run's host calls have moved all the bytes they may ({} MiB; WASMBOX_HOST_CALL_MB)",
+                reach.config.call_bytes >> 20
+            ),
+        })
+    }
+}
+
+fn answer<T: Serialize>(head: &T, body: &[u8]) -> Vec<u8> {
+    let mut out = serde_json::to_vec(head).expect("a head serializes");
+    out.push(0);
+    out.extend_from_slice(body);
+    out
+}
+
+fn failure(f: &Failure) -> Vec<u8> {
+    answer(&serde_json::json!({ "error": f }), &[])
+}
+
+fn protocol(message: &str) -> Vec<u8> {
+    failure(&Failure {
+        kind: "protocol",
+        message: message.into(),
+    })
+}
+
+/// Where host calls' work runs: one thread of its own, so that a call never waits for the
+/// server's workers, nor they for it.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("wasmbox-reach")
+            .enable_all()
+            .build()
+            .expect("building the reach runtime")
+    })
+}

@@ -1,0 +1,331 @@
+//! A guest's HTTP request, made by the host: only to allowed hosts, every address a name
+//! resolves to checked (as webhooks' are), redirects followed by hand so that each hop is
+//! checked again, the body read up to its cap. No proxy: one would resolve names where the
+//! check cannot see.
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use reqwest::Url;
+use serde::{Deserialize, Serialize};
+
+use super::{ALLOW_HOSTS, ALLOW_PRIVATE, Reach, addr::private_kind};
+
+/// Redirects followed for one request, as browsers and reqwest's own default do (10).
+const MAX_REDIRECTS: usize = 10;
+
+/// What the guest asks for (the head of its frame; the body follows it).
+#[derive(Debug, Deserialize)]
+pub struct Request {
+    pub method: String,
+    pub url: String,
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+}
+
+/// What it gets back (the head of the answer; the body follows it).
+#[derive(Debug, Serialize)]
+pub struct Response {
+    pub status: u16,
+    pub reason: String,
+    /// The URL answered, after redirects.
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+}
+
+/// Why a request got no response, with the kind the guest's shim turns into its language's
+/// error (`refused`: a connection refused; `too_large`, `failed`: an OS error).
+#[derive(Debug, Clone, Serialize)]
+pub struct Failure {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn refused(message: String) -> Self {
+        Self {
+            kind: "refused",
+            message,
+        }
+    }
+
+    fn failed(message: String) -> Self {
+        Self {
+            kind: "failed",
+            message,
+        }
+    }
+
+    pub fn too_large(message: String) -> Self {
+        Self {
+            kind: "too_large",
+            message,
+        }
+    }
+}
+
+/// Whether `reach` lets a request go to `url`; the refusal names the host and the setting.
+pub fn check_url(reach: &Reach, url: &Url) -> Result<(), Failure> {
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(Failure::refused(format!(
+            "{url}: only http and https requests leave the sandbox"
+        )));
+    }
+    let (host, ip) = match url.host() {
+        Some(url::Host::Domain(d)) => (d.to_ascii_lowercase(), None),
+        Some(url::Host::Ipv4(ip)) => (ip.to_string(), Some(IpAddr::V4(ip))),
+        Some(url::Host::Ipv6(ip)) => (ip.to_string(), Some(IpAddr::V6(ip))),
+        None => return Err(Failure::refused(format!("{url}: no host"))),
+    };
+    let port = url.port_or_known_default().unwrap_or(0);
+    if !reach.hosts.matches(&host, port) {
+        let list = if reach.hosts.is_empty() && !reach.narrowed {
+            format!(
+                "guest network is off; set {ALLOW_HOSTS} (for example {ALLOW_HOSTS}={host}) to allow it"
+            )
+        } else if reach.narrowed {
+            format!(
+                "this sandbox's allow_hosts ({}) does not include it",
+                reach.hosts
+            )
+        } else {
+            format!("{ALLOW_HOSTS}={} does not include it", reach.hosts)
+        };
+        return Err(Failure::refused(format!(
+            "{host}:{port} is not an allowed host: {list}"
+        )));
+    }
+    if let Some(ip) = ip {
+        check_ip(ip, reach.config.allow_private)
+            .map_err(|why| Failure::refused(format!("{host}: {why}")))?;
+    }
+    Ok(())
+}
+
+/// Whether a guest's request may connect to `ip`, and if not, why.
+fn check_ip(ip: IpAddr, allow_private: bool) -> Result<(), String> {
+    if allow_private {
+        return Ok(());
+    }
+    let ip = ip.to_canonical();
+    let kind = if ip.is_loopback() {
+        Some("a loopback address")
+    } else {
+        private_kind(ip)
+    };
+    match kind {
+        Some(kind) => Err(format!(
+            "{ip} is {kind}, inside the machine's networks: refused unless {ALLOW_PRIVATE}=1"
+        )),
+        None => Ok(()),
+    }
+}
+
+type Lookup = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Resolves with the system's resolver and hands reqwest only addresses [`check_ip`] allows;
+/// one refused address refuses the name (a rebinding name may list a public address first).
+struct Checked {
+    allow_private: bool,
+    lookup: Lookup,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Refused(String);
+
+impl reqwest::dns::Resolve for Checked {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_string();
+        let allow_private = self.allow_private;
+        let found = (self.lookup)(host.clone());
+        Box::pin(async move {
+            let ips = found.await?;
+            if ips.is_empty() {
+                return Err(Refused(format!("{host} resolves to no address")).into());
+            }
+            for ip in &ips {
+                check_ip(*ip, allow_private)
+                    .map_err(|why| Refused(format!("{host} resolves to {why}")))?;
+            }
+            Ok(Box::new(ips.into_iter().map(|ip| SocketAddr::new(ip, 0))) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// The client guests' requests go through.
+pub fn client(allow_private: bool) -> reqwest::Result<reqwest::Client> {
+    let lookup: Lookup = Arc::new(|host| {
+        Box::pin(async move {
+            let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            Ok(addrs.map(|a| a.ip()).collect())
+        })
+    });
+    reqwest::Client::builder()
+        .user_agent(concat!("wasmbox/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Arc::new(Checked {
+            allow_private,
+            lookup,
+        }))
+        .build()
+}
+
+/// Headers the host sets itself: the guest's would describe a connection it does not have.
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name.to_ascii_lowercase().as_str(),
+        "host"
+            | "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "upgrade"
+    )
+}
+
+/// Makes `req` with `body`, following redirects to allowed hosts, and reads the response's
+/// body up to `WASMBOX_HTTP_BYTES`.
+pub async fn fetch(
+    reach: &Reach,
+    req: Request,
+    body: Vec<u8>,
+) -> Result<(Response, Vec<u8>), Failure> {
+    let cap = reach.config.http_bytes;
+    let mut url =
+        Url::parse(&req.url).map_err(|e| Failure::failed(format!("{:?}: {e}", req.url)))?;
+    let mut method = reqwest::Method::from_bytes(req.method.as_bytes())
+        .map_err(|_| Failure::failed(format!("{:?} is not an HTTP method", req.method)))?;
+    let mut headers = reqwest::header::HeaderMap::new();
+    for (k, v) in &req.headers {
+        if hop_by_hop(k) {
+            continue;
+        }
+        let (Ok(k), Ok(v)) = (
+            reqwest::header::HeaderName::from_bytes(k.as_bytes()),
+            reqwest::header::HeaderValue::from_str(v),
+        ) else {
+            return Err(Failure::failed(format!(
+                "header {k:?} is not a valid HTTP header"
+            )));
+        };
+        headers.append(k, v);
+    }
+    let mut body = Some(body).filter(|b| !b.is_empty());
+    for _ in 0..=MAX_REDIRECTS {
+        check_url(reach, &url)?;
+        let mut rb = reach
+            .client
+            .request(method.clone(), url.clone())
+            .headers(headers.clone());
+        if let Some(b) = &body {
+            rb = rb.body(b.clone());
+        }
+        let resp = rb.send().await.map_err(|e| failure(&url, &e))?;
+        let status = resp.status();
+        if status.is_redirection()
+            && let Some(to) = resp.headers().get(reqwest::header::LOCATION)
+        {
+            let to = to
+                .to_str()
+                .ok()
+                .and_then(|l| url.join(l).ok())
+                .ok_or_else(|| {
+                    Failure::failed(format!("{url} redirects to an unreadable Location"))
+                })?;
+            check_url(reach, &to).map_err(|f| {
+                Failure::refused(format!(
+                    "{url} redirects to {to}, which is refused: {}",
+                    f.message
+                ))
+            })?;
+            // 303, and 301/302 after a POST, become a GET without a body (as browsers do).
+            if status == reqwest::StatusCode::SEE_OTHER
+                || (matches!(status.as_u16(), 301 | 302) && method == reqwest::Method::POST)
+            {
+                method = reqwest::Method::GET;
+                body = None;
+                headers.remove(reqwest::header::CONTENT_TYPE);
+            }
+            if to.host_str() != url.host_str() {
+                // Credentials meant for one host are not handed to the next.
+                headers.remove(reqwest::header::AUTHORIZATION);
+                headers.remove(reqwest::header::COOKIE);
+            }
+            url = to;
+            continue;
+        }
+        if resp.content_length().is_some_and(|n| n > cap as u64) {
+            return Err(too_large(&url, cap));
+        }
+        let head = Response {
+            status: status.as_u16(),
+            reason: status.canonical_reason().unwrap_or("").to_string(),
+            url: resp.url().to_string(),
+            headers: resp
+                .headers()
+                .iter()
+                .filter(|(k, _)| {
+                    !matches!(
+                        k.as_str(),
+                        "transfer-encoding" | "connection" | "content-length"
+                    )
+                })
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect(),
+        };
+        let mut resp = resp;
+        let mut out = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| failure(&url, &e))? {
+            if out.len() + chunk.len() > cap {
+                return Err(too_large(&url, cap));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        return Ok((head, out));
+    }
+    Err(Failure::failed(format!(
+        "{url}: more than {MAX_REDIRECTS} redirects"
+    )))
+}
+
+fn too_large(url: &Url, cap: usize) -> Failure {
+    Failure::too_large(format!(
+        "{url}: the response body is over WASMBOX_HTTP_BYTES ({cap} bytes)"
+    ))
+}
+
+/// A failed request: refused by the resolver's check, or a network error.
+fn failure(url: &Url, e: &reqwest::Error) -> Failure {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(r) = err.downcast_ref::<Refused>() {
+            return Failure::refused(r.0.clone());
+        }
+        cur = err.source();
+    }
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    Failure::failed(format!("{url}: {msg}"))
+}
