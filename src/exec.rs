@@ -39,6 +39,15 @@ pub struct ExecOptions {
 type Run = Box<dyn FnOnce() -> Result<ExecResult> + Send>;
 
 impl Wasmbox {
+    /// What a run may reach: the server's hosts, narrowed to `allow_hosts` when given (and
+    /// refused when they are not within the server's).
+    pub fn reach_for(&self, allow_hosts: Option<&[String]>) -> Result<Arc<crate::reach::Reach>> {
+        Ok(match allow_hosts {
+            None => self.inner.reach.clone(),
+            Some(hosts) => Arc::new(self.inner.reach.narrowed(hosts).map_err(Error::invalid)?),
+        })
+    }
+
     /// Validates caller options into a request, with the errors a caller can act on.
     pub fn request(&self, opts: ExecOptions) -> Result<ExecRequest> {
         let cfg = &self.inner.config;
@@ -78,11 +87,14 @@ impl Wasmbox {
                 bytes
             }
         };
+        let mut opts = opts;
+        for s in &cfg.reach.secrets {
+            opts.env
+                .entry(s.name.clone())
+                .or_insert_with(|| s.placeholder.clone());
+        }
         check_env(&opts.env)?;
-        let reach = match &opts.allow_hosts {
-            None => self.inner.reach.clone(),
-            Some(hosts) => Arc::new(self.inner.reach.narrowed(hosts).map_err(Error::invalid)?),
-        };
+        let reach = self.reach_for(opts.allow_hosts.as_deref())?;
         Ok(ExecRequest {
             language,
             code: opts.code,

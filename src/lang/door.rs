@@ -1,7 +1,9 @@
 //! The door: the one host function guests have beyond WASI, `host.call(frame)`. Through it a
 //! Python turn hands its figures over as PNG (never through stdout or stderr, which the caller's
 //! code writes too), bounded by the call's image budget, and any guest makes its host calls
-//! (`reach::calls`): an HTTP request to an allowed host, waited for as a sleep is.
+//! (`reach::calls`): an HTTP request to an allowed host, waited for as a sleep is. Go, which
+//! cannot lend the host memory from inside an import, has the same call in two steps
+//! (`wasmbox.call`, `wasmbox.take`).
 
 use wasmtime::{Caller, Engine, Linker, Memory};
 
@@ -9,12 +11,71 @@ use super::Result;
 use super::guest::{GuestState, engine_err, wasi_linker};
 use crate::reach::calls::{HostCalls, Started};
 
-/// The WASI linker with the door added: what every Python and JavaScript instance, and their
-/// image builds, link.
+/// The WASI linker with the door added: what every guest (and the image builds) links.
 pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
     let mut linker = wasi_linker(engine)?;
     linker.func_wrap("host", "call", door).map_err(engine_err)?;
+    linker
+        .func_wrap("wasmbox", "call", call)
+        .map_err(engine_err)?;
+    linker
+        .func_wrap("wasmbox", "take", take)
+        .map_err(engine_err)?;
     Ok(linker)
+}
+
+/// `wasmbox.call(req_ptr, req_len) -> i32`: the same host call for a guest that cannot give the
+/// host memory from inside the import (Go): the answer is held, its length returned (-2 when
+/// the frame is not in memory), and [`take`] copies it out.
+fn call(mut caller: Caller<'_, GuestState>, ptr: i32, len: i32) -> wasmtime::Result<i32> {
+    let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
+    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
+        return Ok(-2);
+    };
+    let (data, state) = memory.data_and_store_mut(&mut caller);
+    let Some(frame) = data.get(ptr..ptr.saturating_add(len)) else {
+        return Ok(-2);
+    };
+    let answer = host_call(state, frame)?;
+    let Ok(n) = i32::try_from(answer.len()) else {
+        return Ok(-2);
+    };
+    state.held = Some(answer);
+    Ok(n)
+}
+
+/// `wasmbox.take(buf_ptr, buf_len) -> i32`: copies the held answer out (as much as fits) and
+/// forgets it; the bytes copied, or -2.
+fn take(mut caller: Caller<'_, GuestState>, ptr: i32, len: i32) -> wasmtime::Result<i32> {
+    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
+        return Ok(-2);
+    };
+    let Some(answer) = caller.data_mut().held.take() else {
+        return Ok(0);
+    };
+    let n = answer.len().min(len as u32 as usize);
+    Ok(
+        match memory.write(&mut caller, ptr as u32 as usize, &answer[..n]) {
+            Ok(()) => n as i32,
+            Err(_) => -2,
+        },
+    )
+}
+
+/// Makes the host call `frame` asks for and waits for its answer as a sleep is waited for.
+fn host_call(state: &mut GuestState, frame: &[u8]) -> wasmtime::Result<Vec<u8>> {
+    let started = if frame.len() > state.calls.max_frame() {
+        Started::Now(state.calls.oversized(frame.len()))
+    } else {
+        state.calls.start(frame)
+    };
+    Ok(match started {
+        Started::Now(a) => a,
+        Started::Later(pending) => {
+            let a = state.watch.wait_for(|wait| pending.poll(wait))?;
+            state.calls.deliver(a)
+        }
+    })
 }
 
 /// `host.call(req_ptr, req_len, out_ptr_ptr, out_len_ptr) -> i32`: 0 with an answer in memory
@@ -37,18 +98,7 @@ fn door(
         return Ok(-2);
     };
     if HostCalls::is_call(&frame[..frame.len().min(64)]) {
-        let started = if len > state.calls.max_frame() {
-            Started::Now(state.calls.oversized(len))
-        } else {
-            state.calls.start(frame)
-        };
-        let answer = match started {
-            Started::Now(a) => a,
-            Started::Later(pending) => {
-                let a = state.watch.wait_for(|wait| pending.poll(wait))?;
-                state.calls.deliver(a)
-            }
-        };
+        let answer = host_call(state, frame)?;
         return write_answer(&mut caller, memory, &answer, out_ptr, out_len);
     }
     let Some(budget) = state.images.budget().copied() else {

@@ -40,6 +40,8 @@ pub struct GuestState {
     pub(super) images: super::images::ImageSink,
     /// The current run's host calls (`reach`): what it may reach, and its budget.
     pub(super) calls: crate::reach::calls::HostCalls,
+    /// A host call's answer waiting for `wasmbox.take` (the door's two-step form).
+    pub(super) held: Option<Vec<u8>>,
 }
 
 /// A linker with WASI preview 1 (its waits interruptible), the only host interface guests get.
@@ -147,6 +149,7 @@ impl Parts {
                 stdio: [stdout.clone(), stderr.clone()],
                 images: Default::default(),
                 calls: Default::default(),
+                held: None,
             },
             stdout,
             stderr,
@@ -244,6 +247,7 @@ impl Guest {
         self.store.data_mut().limiter.set_limit(req.memory_bytes);
         self.store.data_mut().images = super::images::ImageSink::new(req.images);
         self.store.data_mut().calls = crate::reach::calls::HostCalls::new(req.reach.clone());
+        self.store.data_mut().held = None;
         let (stop, disk) = match (&req.place, &self._scratch) {
             (Some(p), _) => (Some(p.stop.clone()), p.disk.clone()),
             (None, Some(s)) => {

@@ -131,6 +131,7 @@ impl HostCalls {
                 Ok((head, body)) => answer(&head, &body),
                 Err(f) => failure(&f),
             };
+            let answer = super::secrets::scrub(&reach.config.secrets, answer);
             let _ = tx.send(answer);
         });
         Started::Later(Pending {

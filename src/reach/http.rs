@@ -11,7 +11,7 @@ use std::sync::Arc;
 use reqwest::Url;
 use serde::{Deserialize, Serialize};
 
-use super::{ALLOW_HOSTS, ALLOW_PRIVATE, Reach, addr::private_kind};
+use super::{ALLOW_HOSTS, ALLOW_PRIVATE, Reach, addr::private_kind, secrets};
 
 /// Redirects followed for one request, as browsers and reqwest's own default do (10).
 const MAX_REDIRECTS: usize = 10;
@@ -207,30 +207,55 @@ pub async fn fetch(
         Url::parse(&req.url).map_err(|e| Failure::failed(format!("{:?}: {e}", req.url)))?;
     let mut method = reqwest::Method::from_bytes(req.method.as_bytes())
         .map_err(|_| Failure::failed(format!("{:?} is not an HTTP method", req.method)))?;
-    let mut headers = reqwest::header::HeaderMap::new();
     for (k, v) in &req.headers {
-        if hop_by_hop(k) {
-            continue;
-        }
-        let (Ok(k), Ok(v)) = (
-            reqwest::header::HeaderName::from_bytes(k.as_bytes()),
-            reqwest::header::HeaderValue::from_str(v),
-        ) else {
+        if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err()
+            || reqwest::header::HeaderValue::from_str(v).is_err()
+        {
             return Err(Failure::failed(format!(
                 "header {k:?} is not a valid HTTP header"
             )));
-        };
-        headers.append(k, v);
+        }
     }
+    // The guest's own forms (placeholders, not secrets): each hop gets the secrets its host
+    // may have, and a hop to another host loses the credentials meant for the first.
+    let mut headers: Vec<(String, String)> = req
+        .headers
+        .into_iter()
+        .filter(|(k, _)| !hop_by_hop(k))
+        .collect();
     let mut body = Some(body).filter(|b| !b.is_empty());
     for _ in 0..=MAX_REDIRECTS {
         check_url(reach, &url)?;
-        let mut rb = reach
-            .client
-            .request(method.clone(), url.clone())
-            .headers(headers.clone());
+        let (host, port) = (
+            url.host_str()
+                .unwrap_or("")
+                .trim_matches(['[', ']'])
+                .to_ascii_lowercase(),
+            url.port_or_known_default().unwrap_or(0),
+        );
+        let secrets = &reach.config.secrets;
+        let with = |b: &[u8]| secrets::insert(secrets, &host, port, b);
+        let target = match with(url.as_str().as_bytes()) {
+            Some(u) => Url::parse(&String::from_utf8_lossy(&u))
+                .map_err(|e| Failure::failed(format!("the URL with its secrets: {e}")))?,
+            None => url.clone(),
+        };
+        let mut map = reqwest::header::HeaderMap::new();
+        for (k, v) in &headers {
+            let v = with(v.as_bytes()).unwrap_or_else(|| v.as_bytes().to_vec());
+            let (Ok(k), Ok(v)) = (
+                reqwest::header::HeaderName::from_bytes(k.as_bytes()),
+                reqwest::header::HeaderValue::from_bytes(&v),
+            ) else {
+                return Err(Failure::failed(format!(
+                    "header {k:?} is not a valid HTTP header"
+                )));
+            };
+            map.append(k, v);
+        }
+        let mut rb = reach.client.request(method.clone(), target).headers(map);
         if let Some(b) = &body {
-            rb = rb.body(b.clone());
+            rb = rb.body(with(b).unwrap_or_else(|| b.clone()));
         }
         let resp = rb.send().await.map_err(|e| failure(&url, &e))?;
         let status = resp.status();
@@ -256,12 +281,15 @@ pub async fn fetch(
             {
                 method = reqwest::Method::GET;
                 body = None;
-                headers.remove(reqwest::header::CONTENT_TYPE);
+                headers.retain(|(k, _)| !k.eq_ignore_ascii_case("content-type"));
             }
-            if to.host_str() != url.host_str() {
+            if to.host_str() != url.host_str()
+                || to.port_or_known_default() != url.port_or_known_default()
+            {
                 // Credentials meant for one host are not handed to the next.
-                headers.remove(reqwest::header::AUTHORIZATION);
-                headers.remove(reqwest::header::COOKIE);
+                headers.retain(|(k, _)| {
+                    !k.eq_ignore_ascii_case("authorization") && !k.eq_ignore_ascii_case("cookie")
+                });
             }
             url = to;
             continue;

@@ -9,6 +9,7 @@ pub mod addr;
 pub mod calls;
 pub mod http;
 pub mod policy;
+pub mod secrets;
 
 use std::sync::Arc;
 
@@ -20,7 +21,7 @@ pub const ALLOW_PRIVATE: &str = "WASMBOX_ALLOW_PRIVATE_HOSTS";
 /// What guests may reach, as the server's settings say: `WASMBOX_ALLOW_HOSTS` (off when
 /// empty), `WASMBOX_ALLOW_PRIVATE_HOSTS`, `WASMBOX_HTTP_BYTES` (one response body, and one
 /// request's: 16 MiB), `WASMBOX_HOST_CALLS` (host calls per run: 1,000) and
-/// `WASMBOX_HOST_CALL_MB` (their bytes in and out per run: 64 MiB).
+/// `WASMBOX_HOST_CALL_MB` (their bytes in and out per run: 64 MiB) and `WASMBOX_SECRETS`.
 #[derive(Clone, Debug)]
 pub struct ReachConfig {
     pub hosts: HostList,
@@ -28,6 +29,8 @@ pub struct ReachConfig {
     pub http_bytes: usize,
     pub calls: usize,
     pub call_bytes: usize,
+    /// `WASMBOX_SECRETS`: values lent to requests to their hosts, placeholders to guests.
+    pub secrets: Vec<secrets::Secret>,
     /// A setting that did not parse: the server refuses to start with it.
     pub error: Option<String>,
 }
@@ -46,7 +49,12 @@ impl ReachConfig {
             },
             Err(_) => (HostList::default(), None),
         };
+        let (secrets, error) = match (error, secrets::from_env()) {
+            (Some(e), _) | (None, Err(e)) => (Vec::new(), Some(e)),
+            (None, Ok(s)) => (s, None),
+        };
         Self {
+            secrets,
             hosts,
             allow_private: std::env::var(ALLOW_PRIVATE).is_ok_and(|v| v.trim() == "1"),
             http_bytes: num("WASMBOX_HTTP_BYTES").unwrap_or(16 << 20).max(1),

@@ -144,6 +144,10 @@ impl HostList {
             .map(Self)
     }
 
+    pub fn from_patterns(patterns: Vec<HostPattern>) -> Self {
+        Self(patterns)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

@@ -15,7 +15,7 @@ use rmcp::service::PeerRequestOptions;
 use serde_json::{Value, json};
 
 /// Starts `tool` as a cancellable request and cancels it after `after`.
-async fn cancel_after(c: &Client, tool: &str, args: Value, after: Duration) {
+pub(crate) async fn cancel_after(c: &Client, tool: &str, args: Value, after: Duration) {
     let Value::Object(args) = args else {
         panic!("arguments must be an object")
     };

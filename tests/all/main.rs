@@ -25,6 +25,7 @@ mod modules;
 mod progress;
 mod python_oneshot;
 mod python_pool;
+mod reach;
 mod results;
 mod sandboxes;
 mod security_escape;

@@ -78,7 +78,7 @@ async fn guest_code_cannot_reach_the_host() {
         ("js: .. traversal", "javascript", js("console.log('LEAK', require('fs').readFileSync('../../../etc/passwd', 'utf8').slice(0, 20))")),
         ("js: list /", "javascript", js("const n = require('fs').readdirSync('/'); console.log(n.some(x => ['etc','proc','dev','root'].includes(x)) ? 'LEAK ' + n : 'BLOCKED ' + n)")),
         ("js: host env", "javascript", format!("const v = (process.env[{:?}] || '') + (process.env.HOPX_API_KEY || ''); console.log(v ? 'LEAK ' + v : 'BLOCKED')", HOST_CANARY.0)),
-        ("js: network", "javascript", "console.log(typeof fetch === 'undefined' && typeof XMLHttpRequest === 'undefined' && typeof WebSocket === 'undefined' ? 'BLOCKED no network API' : 'LEAK a network API exists')".into()),
+        ("js: network", "javascript", "try { await fetch('http://127.0.0.1:1/'); console.log('LEAK fetched') } catch (e) { console.log(typeof XMLHttpRequest === 'undefined' && typeof WebSocket === 'undefined' && e.message.includes('guest network is off') ? 'BLOCKED ' + e.message : 'LEAK ' + e.message) }".into()),
         ("go: /etc/passwd", "go", go("b, err := os.ReadFile(\"/etc/passwd\")\nif err != nil { fmt.Println(\"BLOCKED\", err); return }\nfmt.Println(\"LEAK\", string(b[:10]))", "\"os\"")),
         ("go: .. traversal", "go", go("b, err := os.ReadFile(\"../../../etc/passwd\")\nif err != nil { fmt.Println(\"BLOCKED\", err); return }\nfmt.Println(\"LEAK\", string(b[:10]))", "\"os\"")),
         ("go: host env", "go", go(&format!("v := os.Getenv({:?}) + os.Getenv(\"HOPX_API_KEY\")\nif v == \"\" {{ fmt.Println(\"BLOCKED\") }} else {{ fmt.Println(\"LEAK\", v) }}", HOST_CANARY.0), "\"os\"")),

@@ -36,6 +36,16 @@ impl GoRuntime {
             .map_err(|e| Error::io(root, e))?;
         let main = dir.path().join("main.go");
         fs::write(&main, source).map_err(|e| Error::io(&main, e))?;
+        if super::uses_wasmbox_http(source) {
+            // A module named `wasmbox` holding the package at `http/`: the snippet's import
+            // resolves to it with no network and no module cache.
+            let pkg = dir.path().join("http");
+            let gomod = dir.path().join("go.mod");
+            fs::write(&gomod, "module wasmbox\n\ngo 1.21\n").map_err(|e| Error::io(&gomod, e))?;
+            fs::create_dir(&pkg).map_err(|e| Error::io(&pkg, e))?;
+            let file = pkg.join("http.go");
+            fs::write(&file, super::WASMBOX_HTTP).map_err(|e| Error::io(&file, e))?;
+        }
         let gotmp = dir.path().join("tmp");
         fs::create_dir(&gotmp).map_err(|e| Error::io(&gotmp, e))?;
         let log_path = dir.path().join("build.log");

@@ -20,7 +20,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, InstancePre, Linker, Strategy};
 
-use super::guest::{Guest, GuestSpec, GuestState, wasi_linker};
+use super::guest::{Guest, GuestSpec, GuestState};
 use super::{ExecRequest, ExecResult, Language, Stage};
 use super::{LangError as Error, Result};
 use crate::engine::build_engine_with;
@@ -33,6 +33,14 @@ mod toolchain;
 
 pub use source::prepare_source;
 use toolchain::*;
+/// `wasmbox/http`, the package a Go guest imports for HTTP through the host (reach).
+pub const WASMBOX_HTTP: &str = include_str!("wasmbox_http.go");
+
+/// Whether a snippet imports `wasmbox/http`, so its build gets the package beside it.
+pub fn uses_wasmbox_http(source: &str) -> bool {
+    source.contains("\"wasmbox/http\"")
+}
+
 pub use toolchain::{GO_BUILD_FLAGS, GoToolchain, build_env, find_go, pinned_go};
 
 /// Counters for `health`: a repeat snippet is a hit, a new one a build.
@@ -109,8 +117,8 @@ impl GoRuntime {
     pub fn load(runtimes_dir: &Path, cache_dir: &Path, optimizing: &Engine) -> Result<Self> {
         let toolchain = GoToolchain::find(runtimes_dir)?;
         let engine = build_engine_with(Strategy::Winch)?;
-        let linker = wasi_linker(&engine)?;
-        let optimizing_linker = wasi_linker(optimizing)?;
+        let linker = crate::lang::door::linker(&engine)?;
+        let optimizing_linker = crate::lang::door::linker(optimizing)?;
         let wasm_dir = cache_dir.join("go-wasm");
         let modules_dir = cache_dir.join("go-modules");
         for d in [&wasm_dir, &modules_dir] {
@@ -208,6 +216,9 @@ impl GoRuntime {
             d.update(b"\0");
         }
         d.update(source.as_bytes());
+        if uses_wasmbox_http(source) {
+            d.update(WASMBOX_HTTP.as_bytes());
+        }
         hex::encode(d.finalize())
     }
 

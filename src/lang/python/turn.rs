@@ -115,6 +115,7 @@ mod tests {
             progress: None,
             images: None,
             owner: "local".into(),
+            reach: None,
         };
         let t = user_turn(&req);
         assert!(t.contains(r#""A":"x\"y\n""#), "{t}");

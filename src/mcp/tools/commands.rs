@@ -271,7 +271,7 @@ impl WasmboxServer {
         let timeout = Some(a.timeout.unwrap_or(timeout));
         let language = local.language.as_str();
         let req = self
-            .request(language, code, timeout, a.env.clone(), false, max, None)
+            .request(language, code, timeout, a.env.clone(), false, max)
             .map_err(|e| run_error("Command execution failed", e.to_string()))?;
         if background {
             let job = self

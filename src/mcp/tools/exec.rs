@@ -266,15 +266,8 @@ impl WasmboxServer {
         let max = self.wasmbox.config().max_timeout.as_secs_f64();
         let echo = a.echo.unwrap_or(false);
         let req = self
-            .request(
-                &a.language,
-                a.code,
-                a.timeout,
-                a.env,
-                echo,
-                max,
-                a.allow_hosts,
-            )
+            .request(&a.language, a.code, a.timeout, a.env, echo, max)
+            .and_then(|r| self.reaching(r, a.allow_hosts.as_deref()))
             .map_err(fail)?;
         let r = self
             .wasmbox
@@ -402,7 +395,7 @@ impl WasmboxServer {
         };
         let fail = |e: Error| exec_error("async", &e, Some(&a.language));
         let req = self
-            .request(&a.language, a.code, a.timeout, a.env, false, max, None)
+            .request(&a.language, a.code, a.timeout, a.env, false, max)
             .map_err(fail)?;
         let id = self
             .wasmbox
@@ -436,7 +429,6 @@ impl WasmboxServer {
         env: Env,
         echo: bool,
         max_timeout: f64,
-        allow_hosts: Option<Vec<String>>,
     ) -> Result<crate::ExecRequest, Error> {
         // The library checks against its own maximum; background jobs may run longer.
         let lib_max = self.wasmbox.config().max_timeout.as_secs_f64();
@@ -451,10 +443,22 @@ impl WasmboxServer {
             cancel: call_cancel(),
             progress: crate::mcp::progress::call_progress(),
             owner: Some(self.owner.clone()),
-            allow_hosts,
+            allow_hosts: None,
         })?;
         if let Some(t) = long {
             req.timeout = Duration::from_secs_f64(t);
+        }
+        Ok(req)
+    }
+
+    /// `req` with its hosts narrowed to the call's `allow_hosts`, when it gives them.
+    pub(super) fn reaching(
+        &self,
+        mut req: crate::ExecRequest,
+        allow_hosts: Option<&[String]>,
+    ) -> Result<crate::ExecRequest, Error> {
+        if let Some(hosts) = allow_hosts {
+            req.reach = Some(self.wasmbox.reach_for(Some(hosts))?);
         }
         Ok(req)
     }
@@ -493,8 +497,8 @@ impl WasmboxServer {
                     a.env,
                     false,
                     BACKGROUND_MAX_TIMEOUT,
-                    a.allow_hosts,
                 )
+                .and_then(|r| self.reaching(r, a.allow_hosts.as_deref()))
                 .map_err(fail)?;
             let language = req.language;
             let job = self
@@ -521,15 +525,8 @@ impl WasmboxServer {
         let max = self.wasmbox.config().max_timeout.as_secs_f64();
         let echo = a.echo.unwrap_or(true);
         let req = self
-            .request(
-                &a.language,
-                a.code,
-                a.timeout,
-                a.env,
-                echo,
-                max,
-                a.allow_hosts,
-            )
+            .request(&a.language, a.code, a.timeout, a.env, echo, max)
+            .and_then(|r| self.reaching(r, a.allow_hosts.as_deref()))
             .map_err(fail)?;
         let rich = mode == Mode::Rich;
         let r = self
