@@ -447,6 +447,57 @@ open('/workspace/data.csv', 'w').write(df.head(2000).to_csv())";
     g.finish();
 }
 
+/// Guest HTTP through the host (#33), timed inside the guest so that only the request is
+/// counted: `host_get` is the same GET made by the host's own client (the floor),
+/// `python_get` one `urllib.request.urlopen(url).read()` through the door, and
+/// `door_roundtrip` one host call that is answered without the network (a refused host): the
+/// channel's own cost, a hop to the reach thread and back.
+fn reach(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/d", axum::routing::get(|| async { "a,b\n1,2\n" }));
+    rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut cfg = Config::from_env();
+    cfg.sandbox.data_dir = None;
+    cfg.reach.hosts =
+        wasmbox::reach::HostList::parse(&format!("127.0.0.1:{}", addr.port())).unwrap();
+    cfg.reach.allow_private = true;
+    cfg.reach.calls = usize::MAX;
+    cfg.reach.call_bytes = usize::MAX;
+    let wb = Wasmbox::new(cfg).expect("engine");
+    rt.block_on(wb.python()).unwrap();
+    let url = format!("http://{addr}/d");
+    let client = wasmbox::reach::http::client(true).unwrap();
+    let mut g = c.benchmark_group("reach");
+    g.bench_function("host_get", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let r = client.get(&url).send().await.unwrap();
+                assert_eq!(r.bytes().await.unwrap().len(), 8);
+            })
+        })
+    });
+    // The guest times its own loop of `iters` calls and prints the seconds they took.
+    let guest_timed = |code: &str, iters: u64| {
+        let o = opts("python", &code.replace("ITERS", &iters.to_string()));
+        let r = rt.block_on(wb.execute(wb.request(o).unwrap())).unwrap();
+        assert_eq!(r.exit_code, 0, "{}", r.stderr);
+        Duration::from_secs_f64(r.stdout.trim().parse().unwrap())
+    };
+    let get = format!(
+        "import time, urllib.request\nt = time.perf_counter()\nfor _ in range(ITERS):\n    urllib.request.urlopen('{url}').read()\nprint(time.perf_counter() - t)"
+    );
+    g.bench_function("python_get", |b| b.iter_custom(|n| guest_timed(&get, n)));
+    let door = "import time\nfrom _host import call\nf = b'wasmbox:http\\n{\"method\":\"GET\",\"url\":\"http://refused.invalid/\"}\\0'\nt = time.perf_counter()\nfor _ in range(ITERS):\n    call(f)\nprint(time.perf_counter() - t)";
+    g.bench_function("door_roundtrip", |b| {
+        b.iter_custom(|n| guest_timed(door, n))
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     pool_hit,
@@ -455,7 +506,8 @@ criterion_group!(
     throughput,
     go,
     sandbox,
-    durable
+    durable,
+    reach
 );
 
 /// For `benches/compare.py` (`WASMBOX_BENCH_P50=<calls>`): p50 and p90 of pool-hit Python

@@ -252,6 +252,19 @@ impl Wasmbox {
             .fs
             .working_dir(working_dir.unwrap_or(lang::guest::WORKSPACE_GUEST))?;
         req.env = sb.env_with(&req.env);
+        if let Some(list) = sb.allow_hosts() {
+            let theirs = self.inner.reach.narrowed(&list).map_err(Error::invalid)?;
+            let reach = match &req.reach {
+                Some(r) if r.narrowed => theirs.narrowed(&r.hosts.items()).map_err(|e| {
+                    Error::invalid(format!(
+                        "{e} (within this sandbox's allow_hosts: {})",
+                        list.join(",")
+                    ))
+                })?,
+                _ => theirs,
+            };
+            req.reach = Some(Arc::new(reach));
+        }
         req.place = Some(sb.place(cwd, stop));
         // The work is the sandbox owner's, whoever the library was called by.
         req.owner = sb.owner.as_str().into();

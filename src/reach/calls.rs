@@ -125,6 +125,12 @@ impl HostCalls {
             Ok(r) => r,
             Err(e) => return Started::Now(protocol(&format!("the request's head: {e}"))),
         };
+        // A request the policy refuses is answered here, without a hop to the reach thread.
+        if let Ok(url) = reqwest::Url::parse(&req.url)
+            && let Err(f) = http::check_url(&reach, &url)
+        {
+            return Started::Now(super::secrets::scrub(&reach.config.secrets, failure(&f)));
+        }
         let (tx, rx) = mpsc::sync_channel(1);
         let task = runtime().spawn(async move {
             let answer = match http::fetch(&reach, req, body).await {

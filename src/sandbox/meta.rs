@@ -20,6 +20,8 @@ pub(super) struct Meta {
     pub(super) expires_at_ms: u64,
     pub(super) paused: bool,
     pub(super) env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) allow_hosts: Option<Vec<String>>,
 }
 
 /// Writes `path` so that a crash or a concurrent writer leaves the old or the new content,
@@ -142,6 +144,7 @@ impl Sandbox {
                 expires_at_ms: unix_ms(l.expires_at),
                 paused: l.paused,
                 env: self.env.lock().unwrap().clone(),
+                allow_hosts: self.allow_hosts.lock().unwrap().clone(),
             }
         };
         let path = self.fs.host_root().join("meta.json");

@@ -164,6 +164,8 @@ pub struct Sandbox {
     pub created_at: SystemTime,
     lifetime: Mutex<Lifetime>,
     env: Mutex<BTreeMap<String, String>>,
+    /// Hosts its runs may reach, within the server's `WASMBOX_ALLOW_HOSTS` (`None`: all of those).
+    allow_hosts: Mutex<Option<Vec<String>>>,
     pub fs: Arc<Workspace>,
     /// Raised when the sandbox goes: whatever still runs in it stops.
     pub stop: Arc<Stop>,
@@ -208,6 +210,9 @@ pub struct SandboxInfo {
     pub end_at: String,
     pub location: String,
     pub languages: Vec<Language>,
+    /// Hosts its code may reach over HTTP (`allow_hosts`); absent: all the server allows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_hosts: Option<Vec<String>>,
     pub workspace: WorkspaceUsage,
     pub executions: u64,
     pub jobs_running: usize,
@@ -294,6 +299,23 @@ impl Sandbox {
     /// The sandbox's variables.
     pub fn env(&self) -> BTreeMap<String, String> {
         self.env.lock().unwrap().clone()
+    }
+
+    /// Its hosts, for a sandbox being made (not yet saved: its publication saves it).
+    pub fn allow_hosts_mut(&self) -> std::sync::MutexGuard<'_, Option<Vec<String>>> {
+        self.allow_hosts.lock().unwrap()
+    }
+
+    /// Hosts its runs may reach (`None`: all the server allows).
+    pub fn allow_hosts(&self) -> Option<Vec<String>> {
+        self.allow_hosts.lock().unwrap().clone()
+    }
+
+    /// Sets the hosts its runs may reach (checked by the caller against the server's list) and
+    /// saves it.
+    pub fn set_allow_hosts(&self, hosts: Option<Vec<String>>) {
+        *self.allow_hosts.lock().unwrap() = hosts;
+        self.save();
     }
 
     /// The sandbox's env with the call's on top.
@@ -394,6 +416,7 @@ impl Sandbox {
             end_at: rfc3339(l.expires_at),
             location: "local".into(),
             languages: self.template.languages.to_vec(),
+            allow_hosts: self.allow_hosts(),
             workspace: WorkspaceUsage {
                 bytes,
                 entries,

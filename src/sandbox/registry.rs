@@ -187,6 +187,7 @@ impl Sandboxes {
             meta.env,
             fs,
         );
+        *sandbox.allow_hosts.lock().unwrap() = meta.allow_hosts;
         tracing::info!(sandbox = %id, "adopted a sandbox from an earlier run (its files, and its saved sessions on their next calls)");
         let mut map = self.map.lock().unwrap();
         // Another request may have adopted it meanwhile; the lock makes that impossible across
@@ -216,6 +217,7 @@ impl Sandboxes {
             created_at,
             lifetime: Mutex::new(lifetime),
             env: Mutex::new(env),
+            allow_hosts: Mutex::new(None),
             fs: Arc::new(fs),
             stop: Arc::new(Stop::default()),
             sessions: Default::default(),

@@ -23,6 +23,8 @@ pub struct SnapshotMeta {
     pub owner: String,
     pub template: String,
     pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_hosts: Option<Vec<String>>,
     pub created_at_ms: u64,
     /// The languages whose sessions it holds.
     pub languages: Vec<Language>,
@@ -284,6 +286,7 @@ mod tests {
             owner: owner.into(),
             template: "python".into(),
             env: BTreeMap::new(),
+            allow_hosts: None,
             created_at_ms: now_ms(),
             languages: Vec::new(),
             size_bytes: 0,

@@ -26,6 +26,7 @@ impl Wasmbox {
             src.env(),
             owner,
         )?;
+        *child.allow_hosts_mut() = src.allow_hosts();
         // The files are copied on a blocking thread while the sessions are, on a guest thread.
         let files = {
             let (src, child) = (src.clone(), child.clone());

@@ -55,6 +55,7 @@ impl Wasmbox {
             owner: owner.to_string(),
             template: src.template.id.to_string(),
             env: src.env(),
+            allow_hosts: src.allow_hosts(),
             created_at_ms: snapshots::now_ms(),
             languages,
             size_bytes,
@@ -155,6 +156,7 @@ impl Wasmbox {
         all_env.extend(env);
         let sandboxes = self.inner.sandboxes.clone();
         let sb = sandboxes.create_unfilled(&meta.template, timeout_secs, all_env, owner)?;
+        *sb.allow_hosts_mut() = meta.allow_hosts.clone();
         let filled = {
             let (sb, dir, me, sandboxes) =
                 (sb.clone(), dir.clone(), self.clone(), sandboxes.clone());

@@ -134,6 +134,49 @@ console.log(h.status, h.redirected);
         "200 true text/csv 12\n{\"body\":\"{\\\"a\\\":1}\",\"token\":\"t2\",\"type\":\"application/json\"}\n200 true\n",
         "{r}"
     );
+    // Go: net/http's default client, once the snippet imports wasmbox/http.
+    let r = run(
+        &c,
+        "go",
+        &format!(
+            r#"package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	_ "wasmbox/http"
+)
+
+func main() {{
+	r, err := http.Get("{base}/data.csv")
+	if err != nil {{
+		fmt.Println("error", err)
+		return
+	}}
+	b, _ := io.ReadAll(r.Body)
+	fmt.Println(r.StatusCode, r.Header.Get("Content-Type"), len(b))
+	p, _ := http.Post("{base}/echo", "text/plain", strings.NewReader("from go"))
+	b, _ = io.ReadAll(p.Body)
+	fmt.Println(string(b))
+	_, err = http.Get("https://example.com/")
+	fmt.Println(err)
+}}
+"#
+        ),
+        json!({"timeout": 120}),
+    )
+    .await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(
+        r["stdout"],
+        format!(
+            "200 text/csv 12\n{{\"body\":\"from go\",\"token\":null,\"type\":\"text/plain\"}}\nGet \"https://example.com/\": wasmbox: example.com:443 is not an allowed host: WASMBOX_ALLOW_HOSTS=127.0.0.1:{} does not include it\n",
+            addr.port()
+        ),
+        "{r}"
+    );
     c.cancel().await.unwrap();
 }
 
@@ -407,5 +450,74 @@ for site in ("{a}", "{b}"):
         seen_b[0].starts_with("Bearer WASMBOX_SECRET_TOKEN_"),
         "another host gets the placeholder: {seen_b:?}"
     );
+    c.cancel().await.unwrap();
+}
+
+/// A sandbox's allow_hosts narrows what its runs (sessions, forks) may reach, and is kept.
+#[tokio::test]
+async fn a_sandbox_keeps_its_narrower_hosts() {
+    let a = site().await;
+    let b = site().await;
+    let c = server_with_env(&[
+        (
+            "WASMBOX_ALLOW_HOSTS",
+            &format!("127.0.0.1:{},127.0.0.1:{}", a.port(), b.port()),
+        ),
+        ("WASMBOX_ALLOW_PRIVATE_HOSTS", "1"),
+    ])
+    .await;
+    let wider = call(
+        &c,
+        "create_sandbox",
+        json!({"allow_hosts": ["example.com"]}),
+    )
+    .await;
+    assert!(is_error(&wider), "{:?}", wider.content);
+    let id = create_sandbox(
+        &c,
+        json!({"allow_hosts": [format!("127.0.0.1:{}", a.port())]}),
+    )
+    .await;
+    let info = ok(&c, "get_sandbox", json!({"id": id})).await;
+    assert_eq!(
+        info["allow_hosts"],
+        json!([format!("127.0.0.1:{}", a.port())]),
+        "{info}"
+    );
+    let code = format!(
+        r#"
+import urllib.request
+for site in ("{a}", "{b}"):
+    try:
+        print(len(urllib.request.urlopen("http://" + site + "/data.csv").read()))
+    except OSError as e:
+        print(type(e).__name__, "allow_hosts" in str(e))
+"#
+    );
+    let want = "12\nConnectionRefusedError True\n";
+    let r = ok(
+        &c,
+        "execute_code",
+        json!({"code": code, "mode": "persistent", "sandbox_id": id}),
+    )
+    .await;
+    assert_eq!(r["stdout"], want, "{r}");
+    let fork = ok(&c, "fork_sandbox", json!({"sandbox_id": id})).await;
+    let child = fork["id"].as_str().unwrap().to_string();
+    let r = ok(
+        &c,
+        "execute_code",
+        json!({"code": code, "mode": "persistent", "sandbox_id": child}),
+    )
+    .await;
+    assert_eq!(r["stdout"], want, "the fork keeps the list: {r}");
+    // A call in it may narrow further, not widen.
+    let r = call(
+        &c,
+        "execute_code",
+        json!({"code": "print(1)", "mode": "persistent", "sandbox_id": id, "allow_hosts": [format!("127.0.0.1:{}", b.port())]}),
+    )
+    .await;
+    assert!(is_error(&r), "{:?}", r.content);
     c.cancel().await.unwrap();
 }

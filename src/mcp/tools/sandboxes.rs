@@ -48,6 +48,10 @@ pub struct CreateSandboxArgs {
     /// sandbox gets the snapshot's template; leave template_id out or give the same one.
     #[serde(default)]
     pub from_snapshot: Option<String>,
+    /// Hosts the sandbox's code may reach over HTTP, e.g. ["api.example.com"]: within what the
+    /// server allows (WASMBOX_ALLOW_HOSTS; guest network is off without it). Default: all of those.
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub allow_hosts: Option<Vec<String>>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -178,6 +182,14 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<CreateSandboxArgs>,
     ) -> Result<Json<SandboxReply>, ToolError> {
+        if let Some(hosts) = &a.allow_hosts {
+            self.wasmbox.reach_for(Some(hosts)).map_err(|e| {
+                ToolError::exception("Failed to create sandbox", e).with(
+                    "details",
+                    json!({"allow_hosts": hosts, "error_type": "InvalidArgument"}),
+                )
+            })?;
+        }
         if let Some(snapshot) = &a.from_snapshot {
             let sb = self
                 .wasmbox
@@ -202,6 +214,9 @@ impl WasmboxServer {
                         json!({"from_snapshot": snapshot, "error_type": kind}),
                     )
                 })?;
+            if a.allow_hosts.is_some() {
+                sb.set_allow_hosts(a.allow_hosts.clone());
+            }
             return Ok(Json::new(created(&sb, Vec::new())));
         }
         let template_id = a.template_id.clone().unwrap_or_else(default_template);
@@ -262,6 +277,9 @@ impl WasmboxServer {
                 };
                 failed(e.to_string(), kind)
             })?;
+        if a.allow_hosts.is_some() {
+            sb.set_allow_hosts(a.allow_hosts.clone());
+        }
         Ok(Json::new(created(&sb, Vec::new())))
     }
 
