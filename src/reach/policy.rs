@@ -262,4 +262,100 @@ mod tests {
         );
         assert!(HostList::default().narrow(HostList::default()).is_ok());
     }
+
+    /// xorshift64*: the sequence is the seed's, so a failure can be replayed.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    const LABELS: &[&str] = &["a", "b", "example", "com", "api", "ex-ample", "xn--p1ai"];
+    const PORTS: &[Option<u16>] = &[None, Some(80), Some(443), Some(8080)];
+
+    fn name(r: &mut Rng) -> String {
+        let n = 1 + r.below(4) as usize;
+        (0..n)
+            .map(|_| LABELS[r.below(LABELS.len() as u64) as usize])
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    fn pattern(r: &mut Rng) -> String {
+        let wild = if r.below(2) == 0 { "*." } else { "" };
+        let port =
+            PORTS[r.below(PORTS.len() as u64) as usize].map_or(String::new(), |p| format!(":{p}"));
+        format!("{wild}{}{port}", name(r))
+    }
+
+    /// Whatever a narrowing accepts, every host it lets through the server's list lets through
+    /// too; and a list narrowed to itself lets through exactly the same hosts.
+    #[test]
+    fn a_narrowed_list_never_lets_through_a_host_the_server_refuses() {
+        let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut accepted = 0;
+        for _ in 0..3000 {
+            let server_items: Vec<String> = (0..1 + r.below(3)).map(|_| pattern(&mut r)).collect();
+            // Asks near the server's entries (a subdomain, a port, the wildcard dropped or
+            // added), so that many fit and the check has something to check.
+            let ask_items: Vec<String> = (0..1 + r.below(3))
+                .map(|_| {
+                    let base = &server_items[r.below(server_items.len() as u64) as usize];
+                    match r.below(5) {
+                        0 => pattern(&mut r),
+                        1 => base.clone(),
+                        2 => format!(
+                            "*.{}.{}",
+                            LABELS[r.below(LABELS.len() as u64) as usize],
+                            base.trim_start_matches("*.")
+                        ),
+                        3 => base.trim_start_matches("*.").to_string(),
+                        _ => format!(
+                            "{}:{}",
+                            base.split(':').next().unwrap(),
+                            [80, 443, 8080][r.below(3) as usize]
+                        ),
+                    }
+                })
+                .collect();
+            let server = HostList::parse(&server_items.join(",")).unwrap();
+            let ask = HostList::parse(&ask_items.join(",")).unwrap();
+            // Hosts near both lists' names, and random ones.
+            let hosts: Vec<(String, u16)> = (0..40)
+                .map(|_| {
+                    let near = &ask_items[r.below(ask_items.len() as u64) as usize];
+                    let n = near.split(':').next().unwrap().trim_start_matches("*.");
+                    let h = match r.below(3) {
+                        0 => name(&mut r),
+                        1 => n.to_string(),
+                        _ => format!("{}.{n}", LABELS[r.below(LABELS.len() as u64) as usize]),
+                    };
+                    (h, [80, 443, 8080, 9][r.below(4) as usize])
+                })
+                .collect();
+            if let Ok(narrow) = server.narrow(ask.clone()) {
+                accepted += 1;
+                for (h, p) in &hosts {
+                    assert!(
+                        !narrow.matches(h, *p) || server.matches(h, *p),
+                        "{h}:{p} passes {narrow} but not {server}"
+                    );
+                }
+            }
+            let same = server
+                .narrow(server.clone())
+                .expect("a list narrows to itself");
+            for (h, p) in &hosts {
+                assert_eq!(same.matches(h, *p), server.matches(h, *p));
+            }
+        }
+        assert!(
+            accepted > 300,
+            "too few narrowings were accepted to test: {accepted}"
+        );
+    }
 }
