@@ -2,7 +2,7 @@
 not write) against `wasmbox serve` over stdio, and a plain Python HTTP server on 127.0.0.1 as
 the host the guests reach: allowed GET and POST from Python and JavaScript, a host off the list,
 a loopback address without WASMBOX_ALLOW_PRIVATE_HOSTS, an allow_hosts wider than the server's,
-a slow answer past the deadline.
+a slow answer past the deadline, a sandbox's allow_hosts, a secret lent with WASMBOX_SECRETS.
 
 Usage: python scripts/mcp_reach.py [path/to/wasmbox]   (needs `pip install mcp`)
 """
@@ -20,6 +20,8 @@ from mcp.client.stdio import stdio_client
 
 BIN = sys.argv[1] if len(sys.argv) > 1 else "target/release/wasmbox"
 FAILED = []
+SEEN = []
+SECRET = "s3cr3t-for-the-check"
 
 
 class Site(http.server.BaseHTTPRequestHandler):
@@ -29,6 +31,15 @@ class Site(http.server.BaseHTTPRequestHandler):
         body = b"a,b\n1,2\n3,4\n"
         self.send_response(200)
         self.send_header("Content-Type", "text/csv")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_PUT(self):
+        # Echoes the Authorization header it got (a secret's host that gives it back).
+        SEEN.append(self.headers.get("Authorization", ""))
+        body = self.headers.get("Authorization", "").encode()
+        self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -93,7 +104,24 @@ async def main():
         check(out["exit_code"] == 124 and out["limit"] == "timeout" and time.monotonic() - t < 6,
               f"a slow answer stops at the deadline: {out['exit_code']} {out['limit']}")
 
-    await session({"WASMBOX_ALLOW_HOSTS": f"127.0.0.1:{port}", "WASMBOX_ALLOW_PRIVATE_HOSTS": "1"}, allowed)
+        sb = await s.call_tool("create_sandbox", {"allow_hosts": [f"127.0.0.1:{port}"]})
+        sid = sb.structured_content["id"]
+        info = (await s.call_tool("get_sandbox", {"id": sid})).structured_content
+        check(info.get("allow_hosts") == [f"127.0.0.1:{port}"], f"get_sandbox lists allow_hosts: {info.get('allow_hosts')}")
+        r = await run(s, f"import urllib.request\nprint(urllib.request.urlopen('{base}/d.csv').status)", mode="persistent", sandbox_id=sid)
+        check(r.structured_content["stdout"] == "200\n", f"a sandbox run reaches its host: {r.structured_content['stdout']!r}")
+        r = await s.call_tool("create_sandbox", {"allow_hosts": ["example.com"]})
+        check(r.is_error, "a sandbox wider than the server refused")
+        code = ("import os, urllib.request\nt = os.environ['TOKEN']\n"
+                f"r = urllib.request.urlopen(urllib.request.Request('{base}/s', method='PUT', headers={{'Authorization': t}}))\n"
+                "print(t.startswith('WASMBOX_SECRET_TOKEN_'), r.read().decode() == t)")
+        r = await run(s, code)
+        out = r.structured_content
+        check(out["stdout"] == "True True\n" and SECRET not in json.dumps(out) and SEEN[-1:] == [SECRET],
+              f"a secret reaches its host only as its value, the guest only as a placeholder: {out['stdout']!r} {SEEN}")
+
+    await session({"WASMBOX_ALLOW_HOSTS": f"127.0.0.1:{port}", "WASMBOX_ALLOW_PRIVATE_HOSTS": "1",
+                   "WASMBOX_SECRETS": f"TOKEN@127.0.0.1:{port}", "TOKEN": SECRET}, allowed)
 
     async def private(s):
         r = await run(s, f"import urllib.request\ntry:\n    urllib.request.urlopen('http://localhost:{port}/d.csv')\nexcept OSError as e:\n    print(e)")
