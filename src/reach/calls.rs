@@ -46,10 +46,10 @@ impl Pending {
         match self.rx.recv_timeout(wait) {
             Ok(answer) => Some(answer),
             Err(mpsc::RecvTimeoutError::Timeout) => None,
-            Err(mpsc::RecvTimeoutError::Disconnected) => Some(failure(&Failure {
-                kind: "failed",
-                message: "the host's work on this call ended without an answer".into(),
-            })),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Some(failure(&Failure::new(
+                "failed",
+                "the host's work on this call ended without an answer".into(),
+            ))),
         }
     }
 }
@@ -104,13 +104,13 @@ impl HostCalls {
             )));
         };
         if self.calls_left == 0 {
-            return Started::Now(failure(&Failure {
-                kind: "budget",
-                message: format!(
+            return Started::Now(failure(&Failure::new(
+                "budget",
+                format!(
                     "this run has made all the host calls it may ({}; WASMBOX_HOST_CALLS)",
                     reach.config.calls
                 ),
-            }));
+            )));
         }
         if frame.len() > self.bytes_left {
             return Started::Now(self.over_bytes(&reach));
@@ -133,9 +133,18 @@ impl HostCalls {
         }
         let (tx, rx) = mpsc::sync_channel(1);
         let task = runtime().spawn(async move {
+            let secrets = &reach.config.secrets;
             let answer = match http::fetch(&reach, req, body).await {
                 Ok((head, body)) => answer(&head, &body),
-                Err(f) => failure(&f),
+                // Scrubbed before it is cut (a value cut in two would not be found whole).
+                Err(f) => failure(&Failure::new(
+                    f.kind,
+                    String::from_utf8_lossy(&super::secrets::scrub(
+                        secrets,
+                        f.message.into_bytes(),
+                    ))
+                    .into_owned(),
+                )),
             };
             let answer = super::secrets::scrub(&reach.config.secrets, answer);
             let _ = tx.send(answer);
@@ -162,13 +171,13 @@ impl HostCalls {
     }
 
     fn over_bytes(&self, reach: &Reach) -> Vec<u8> {
-        failure(&Failure {
-            kind: "budget",
-            message: format!(
+        failure(&Failure::new(
+            "budget",
+            format!(
                 "this run's host calls have moved all the bytes they may ({} MiB; WASMBOX_HOST_CALL_MB)",
                 reach.config.call_bytes >> 20
             ),
-        })
+        ))
     }
 }
 
@@ -179,15 +188,21 @@ fn answer<T: Serialize>(head: &T, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The longest message a failure carries: a guest's 100 KB URL is not quoted back whole.
+const MESSAGE_CHARS: usize = 1000;
+
 fn failure(f: &Failure) -> Vec<u8> {
+    let mut message = f.message.clone();
+    if let Some((at, _)) = message.char_indices().nth(MESSAGE_CHARS) {
+        message.truncate(at);
+        message.push_str("...");
+    }
+    let f = Failure::new(f.kind, message);
     answer(&serde_json::json!({ "error": f }), &[])
 }
 
 fn protocol(message: &str) -> Vec<u8> {
-    failure(&Failure {
-        kind: "protocol",
-        message: message.into(),
-    })
+    failure(&Failure::new("protocol", message.into()))
 }
 
 /// Where host calls' work runs: one thread of its own, so that a call never waits for the
@@ -202,4 +217,20 @@ fn runtime() -> &'static tokio::runtime::Runtime {
             .build()
             .expect("building the reach runtime")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_cut_to_a_thousand_characters() {
+        let long = format!("http://h/{}", "é".repeat(50_000));
+        let a = failure(&Failure::refused(long));
+        let head: serde_json::Value = serde_json::from_slice(&a[..a.len() - 1]).unwrap();
+        let m = head["error"]["message"].as_str().unwrap();
+        assert_eq!(m.chars().count(), 1003, "{m}");
+        assert!(m.ends_with("..."));
+        assert_eq!(head["error"]["kind"], "refused");
+    }
 }

@@ -44,25 +44,20 @@ pub struct Failure {
 }
 
 impl Failure {
+    pub fn new(kind: &'static str, message: String) -> Self {
+        Self { kind, message }
+    }
+
     pub fn refused(message: String) -> Self {
-        Self {
-            kind: "refused",
-            message,
-        }
+        Self::new("refused", message)
     }
 
     fn failed(message: String) -> Self {
-        Self {
-            kind: "failed",
-            message,
-        }
+        Self::new("failed", message)
     }
 
     pub fn too_large(message: String) -> Self {
-        Self {
-            kind: "too_large",
-            message,
-        }
+        Self::new("too_large", message)
     }
 }
 

@@ -112,6 +112,9 @@ pub struct SandboxReply {
     pub expires_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub languages: Option<Vec<crate::Language>>,
+    /// Hosts its code may reach over HTTP, when narrower than the server's list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_hosts: Option<Vec<String>>,
     /// local or cloud.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
@@ -554,6 +557,7 @@ pub(super) fn created(sb: &crate::sandbox::Sandbox, notes: Vec<String>) -> Sandb
         timeout_seconds: Some(sb.timeout().as_secs()),
         expires_at: Some(rfc3339(sb.expires_at())),
         languages: Some(sb.template.languages.to_vec()),
+        allow_hosts: sb.allow_hosts(),
         location: Some("local".into()),
         notes: (!notes.is_empty()).then_some(notes),
         ..Default::default()
