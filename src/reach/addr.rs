@@ -1,7 +1,10 @@
 //! Which addresses are inside the machine's networks: a request the server makes for someone
 //! else (a webhook, a guest's HTTP) must not reach them unless the person running it said so.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
 
 /// What makes `ip` (canonical: IPv4-mapped IPv6 is IPv4) an address inside the machine's
 /// networks rather than a host on the internet, if anything does.
@@ -51,4 +54,79 @@ fn private_v4(ip: Ipv4Addr) -> Option<&'static str> {
         (240..=255, ..) => "a reserved or broadcast address",
         _ => return None,
     })
+}
+
+/// Host name lookups, replaceable in tests (which may not resolve anything real).
+pub type Lookup = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Whether a request may connect to an address, and if not, why.
+pub type IpCheck = Arc<dyn Fn(IpAddr) -> Result<(), String> + Send + Sync>;
+
+/// The system's resolver.
+pub fn system_lookup() -> Lookup {
+    Arc::new(|host| {
+        Box::pin(async move {
+            let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            Ok(addrs.map(|a| a.ip()).collect())
+        })
+    })
+}
+
+/// Why a request was refused at resolution: found in the error's chain by [`refusal`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// A reqwest resolver that hands reqwest only addresses its check allows; one refused address
+/// refuses the name (a rebinding name may list a public address first and a private one next).
+struct Checked {
+    check: IpCheck,
+    lookup: Lookup,
+}
+
+impl reqwest::dns::Resolve for Checked {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_string();
+        let check = self.check.clone();
+        let found = (self.lookup)(host.clone());
+        Box::pin(async move {
+            let ips = found.await?;
+            if ips.is_empty() {
+                return Err(Refused(format!("{host} resolves to no address")).into());
+            }
+            for ip in &ips {
+                check(*ip).map_err(|why| Refused(format!("{host} resolves to {why}")))?;
+            }
+            let addrs = ips.into_iter().map(|ip| SocketAddr::new(ip, 0));
+            Ok(Box::new(addrs) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// A client for requests the server makes for someone else: names resolve through `check`
+/// (where the connection then goes), reqwest follows no redirect (the caller decides), and no
+/// proxy is used (one would resolve the name where the check cannot see).
+pub fn checked_client(check: IpCheck, lookup: Lookup) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .user_agent(concat!("wasmbox/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Arc::new(Checked { check, lookup }))
+        .build()
+}
+
+/// The resolver's refusal, if that is what ended a request.
+pub fn refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Refused> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(r) = err.downcast_ref::<Refused>() {
+            return Some(r);
+        }
+        cur = err.source();
+    }
+    None
 }

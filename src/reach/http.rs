@@ -3,15 +3,14 @@
 //! checked again, the body read up to its cap. No proxy: one would resolve names where the
 //! check cannot see.
 
-use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use reqwest::Url;
 use serde::{Deserialize, Serialize};
 
-use super::{ALLOW_HOSTS, ALLOW_PRIVATE, Reach, addr::private_kind, secrets};
+use super::addr::{checked_client, private_kind, refusal, system_lookup};
+use super::{ALLOW_HOSTS, ALLOW_PRIVATE, Reach, secrets};
 
 /// Redirects followed for one request, as browsers and reqwest's own default do (10).
 const MAX_REDIRECTS: usize = 10;
@@ -118,59 +117,12 @@ fn check_ip(ip: IpAddr, allow_private: bool) -> Result<(), String> {
     }
 }
 
-type Lookup = Arc<
-    dyn Fn(String) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>
-        + Send
-        + Sync,
->;
-
-/// Resolves with the system's resolver and hands reqwest only addresses [`check_ip`] allows;
-/// one refused address refuses the name (a rebinding name may list a public address first).
-struct Checked {
-    allow_private: bool,
-    lookup: Lookup,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Refused(String);
-
-impl reqwest::dns::Resolve for Checked {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let host = name.as_str().to_string();
-        let allow_private = self.allow_private;
-        let found = (self.lookup)(host.clone());
-        Box::pin(async move {
-            let ips = found.await?;
-            if ips.is_empty() {
-                return Err(Refused(format!("{host} resolves to no address")).into());
-            }
-            for ip in &ips {
-                check_ip(*ip, allow_private)
-                    .map_err(|why| Refused(format!("{host} resolves to {why}")))?;
-            }
-            Ok(Box::new(ips.into_iter().map(|ip| SocketAddr::new(ip, 0))) as reqwest::dns::Addrs)
-        })
-    }
-}
-
 /// The client guests' requests go through.
 pub fn client(allow_private: bool) -> reqwest::Result<reqwest::Client> {
-    let lookup: Lookup = Arc::new(|host| {
-        Box::pin(async move {
-            let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
-            Ok(addrs.map(|a| a.ip()).collect())
-        })
-    });
-    reqwest::Client::builder()
-        .user_agent(concat!("wasmbox/", env!("CARGO_PKG_VERSION")))
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .dns_resolver(Arc::new(Checked {
-            allow_private,
-            lookup,
-        }))
-        .build()
+    checked_client(
+        Arc::new(move |ip| check_ip(ip, allow_private)),
+        system_lookup(),
+    )
 }
 
 /// Headers the host sets itself: the guest's would describe a connection it does not have.
@@ -336,12 +288,8 @@ fn too_large(url: &Url, cap: usize) -> Failure {
 
 /// A failed request: refused by the resolver's check, or a network error.
 fn failure(url: &Url, e: &reqwest::Error) -> Failure {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(r) = err.downcast_ref::<Refused>() {
-            return Failure::refused(r.0.clone());
-        }
-        cur = err.source();
+    if let Some(r) = refusal(e) {
+        return Failure::refused(r.0.clone());
     }
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(e);

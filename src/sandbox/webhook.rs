@@ -8,10 +8,8 @@
 //! the connection then goes. A name that resolves (or is re-pointed, DNS rebinding) to a
 //! private address is refused like the address itself.
 
-use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -20,7 +18,7 @@ use reqwest::Url;
 use sha2::Sha256;
 
 use crate::config::WebhookConfig;
-use crate::reach::addr::private_kind;
+use crate::reach::addr::{Lookup, checked_client, private_kind, refusal, system_lookup};
 use crate::{Error, Result};
 
 /// The most of a webhook's reply that is read (for the log); the rest is never read.
@@ -69,69 +67,16 @@ fn check_ip(ip: IpAddr, cfg: &WebhookConfig) -> std::result::Result<(), String> 
     }
 }
 
-/// Host name lookups, replaceable in tests (which may not resolve anything real).
-type Lookup = Arc<
-    dyn Fn(String) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>
-        + Send
-        + Sync,
->;
-
-/// A reqwest resolver that resolves with the system's resolver and hands reqwest only
-/// addresses that [`check_ip`] allows; one refused address refuses the name (a rebinding name
-/// may list a public address first and a private one next).
-struct Checked {
-    cfg: WebhookConfig,
-    lookup: Lookup,
-}
-
-/// Why a delivery was refused at resolution: found in the error's chain, it ends the delivery
-/// without retries.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Refused(String);
-
-impl reqwest::dns::Resolve for Checked {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let host = name.as_str().to_string();
-        let cfg = self.cfg.clone();
-        let found = (self.lookup)(host.clone());
-        Box::pin(async move {
-            let ips = found.await?;
-            if ips.is_empty() {
-                return Err(Refused(format!("{host} resolves to no address")).into());
-            }
-            for ip in &ips {
-                check_ip(*ip, &cfg).map_err(|why| Refused(format!("{host} resolves to {why}")))?;
-            }
-            let addrs = ips.into_iter().map(|ip| SocketAddr::new(ip, 0));
-            Ok(Box::new(addrs) as reqwest::dns::Addrs)
-        })
-    }
-}
-
-/// The client that delivers webhooks: names resolve through [`Checked`]; no redirects (a 3xx
+/// The client that delivers webhooks: names resolve through [`check_ip`]; no redirects (a 3xx
 /// is logged, not followed: a 307 would re-send the signed result wherever it points); no
 /// proxy (one would resolve the name where the check cannot see).
 pub fn client(cfg: &WebhookConfig) -> reqwest::Result<reqwest::Client> {
-    let lookup: Lookup = Arc::new(|host| {
-        Box::pin(async move {
-            let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
-            Ok(addrs.map(|a| a.ip()).collect())
-        })
-    });
-    client_with(cfg, lookup)
+    client_with(cfg, system_lookup())
 }
 
 fn client_with(cfg: &WebhookConfig, lookup: Lookup) -> reqwest::Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .user_agent(concat!("wasmbox/", env!("CARGO_PKG_VERSION")))
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .dns_resolver(Arc::new(Checked {
-            cfg: cfg.clone(),
-            lookup,
-        }))
-        .build()
+    let cfg = cfg.clone();
+    checked_client(Arc::new(move |ip| check_ip(ip, &cfg)), lookup)
 }
 
 /// The signing key: configured, or a random one kept in `<cache>/webhook-secret` (mode 0600)
@@ -226,18 +171,6 @@ pub async fn deliver(client: &reqwest::Client, url: Url, key: &[u8], payload: se
         tracing::warn!(execution = %id, "webhook {url}: {status} {reply}");
     }
     tracing::warn!(execution = %id, "webhook {url}: giving up after 3 attempts");
-}
-
-/// The resolver's refusal, if that is what ended a request.
-fn refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Refused> {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(r) = err.downcast_ref::<Refused>() {
-            return Some(r);
-        }
-        cur = err.source();
-    }
-    None
 }
 
 #[cfg(test)]
