@@ -272,7 +272,7 @@ def go_prewarm(name: str, spec: dict, go: Path) -> None:
     except OSError:
         pass
     gocache.mkdir(parents=True, exist_ok=True)
-    log(f"{name}: pre-warming GOCACHE {gocache} for {version} ({len(pkgs)} std packages; ~15-30 s once) ...")
+    log(f"{name}: pre-warming GOCACHE {gocache} for {version} ({len(pkgs)} std packages; ~30-40 s once) ...")
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="wasmbox-goprewarm-", dir=gocache.parent) as tmp:
         fresh = Path(tmp) / "go-build"
