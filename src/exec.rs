@@ -263,6 +263,15 @@ impl Wasmbox {
                 })?,
                 _ => theirs,
             };
+            // The caller's code tools and consent stay as the caller's layer set them.
+            let reach = match &req.reach {
+                Some(r) => crate::reach::Reach {
+                    tools: r.tools.clone(),
+                    consent: r.consent.clone(),
+                    ..reach
+                },
+                None => reach,
+            };
             req.reach = Some(Arc::new(reach));
         }
         req.place = Some(sb.place(cwd, stop));

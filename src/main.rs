@@ -52,6 +52,10 @@ enum Command {
         /// least 1, so that one token's calls never fill every slot].
         #[arg(long, env = "WASMBOX_TOKEN_CONCURRENCY")]
         calls_per_token: Option<usize>,
+        /// An `mcpServers` file (Claude Desktop's form) whose servers' tools code may call:
+        /// `from wasmbox import tools` in Python, `tools` in JavaScript (stdio only).
+        #[arg(long, value_name = "FILE", env = "WASMBOX_MCP_CONFIG")]
+        mcp_config: Option<PathBuf>,
     },
     /// Run code once in a fresh sandbox; prints its output and exits with its exit code.
     Run {
@@ -123,6 +127,13 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(d) = cli.data_dir {
         config.sandbox.data_dir = (d.as_os_str() != "none").then_some(d);
     }
+    if let Command::Serve {
+        mcp_config: Some(path),
+        ..
+    } = &cli.command
+    {
+        config.reach.mcp_config = Some(path.clone());
+    }
     let wasmbox = Wasmbox::new(config)?;
     match cli.command {
         Command::Serve { http: None, .. } => {
@@ -133,6 +144,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             http: Some(addr),
             allow_remote,
             calls_per_token,
+            ..
         } => {
             let dir = config_dir(&wasmbox);
             let calls_per_token = calls_per_token

@@ -808,6 +808,66 @@ hidden(g, 'fetch', fetch);
 hidden(g, 'Headers', Headers);
 hidden(g, 'Response', Response);
 
+// ------------------------------------------------------------------ tools
+// Code mode: the tools of the MCP servers the person configured (--mcp-config), as
+// `await tools.<server>.<tool>({...})`. The host speaks the tools protocol (version 1, JSON
+// frames through the same door); nothing is sent until code first touches `tools`.
+class ToolError extends Error {
+  constructor(kind, message) { super(message); this.name = 'ToolError'; this.kind = kind; }
+}
+let toolSeq = 0;
+function toolExchange(req) {
+  req.v = 1; req.id = ++toolSeq;
+  const a = JSON.parse(new TextDecoder().decode(new Uint8Array(hostCall(new TextEncoder().encode(JSON.stringify(req)).buffer))));
+  if (a.v !== 1 || a.id !== req.id) throw new ToolError('protocol', 'the host answered out of protocol');
+  if (!a.ok) throw new ToolError(a.error.kind, a.error.message);
+  return a;
+}
+function makeTools() {
+  const list = toolExchange({ op: 'list' }).tools;
+  const servers = {};
+  const all = [];
+  for (const d of list) {
+    const call = async (args = {}) => {
+      if (args === null || typeof args !== 'object' || Array.isArray(args)) throw new TypeError(`tools.${d.server}.${d.attr} takes one object of arguments`);
+      return toolExchange({ op: 'call', tool: d.name, args }).value;
+    };
+    Object.defineProperty(call, 'name', { value: d.attr });
+    call.description = d.description;
+    call.inputSchema = d.inputSchema;
+    (servers[d.server] ??= {})[d.attr] = call;
+    all.push([d.server + '.' + d.attr, d]);
+  }
+  const missing = (what) => new Proxy(what, {
+    get(t, k) {
+      if (typeof k === 'symbol' || k in t) return t[k];
+      if (k === 'then' || k === 'toJSON') return undefined;
+      throw new TypeError(`${t === out ? 'no MCP server' : 'no tool'} ${String(k)} that code may call; tools.search() lists them`);
+    },
+  });
+  const out = {};
+  for (const [name, fns] of Object.entries(servers)) out[name] = missing(fns);
+  Object.defineProperties(out, {
+    search: { value: (text = '') => all.filter(([n, d]) => (n + ' ' + (d.description || '')).toLowerCase().includes(String(text).toLowerCase())).map(([n]) => n) },
+    describe: { value: (name) => {
+      const hit = all.find(([n, d]) => n === name || d.name === name);
+      if (!hit) throw new TypeError(`no tool ${name}; tools.search() lists them`);
+      const [n, d] = hit;
+      const props = Object.keys((d.inputSchema && d.inputSchema.properties) || {});
+      const req = new Set((d.inputSchema && d.inputSchema.required) || []);
+      return `await tools.${n}({${props.map(p => req.has(p) ? p : p + '?').join(', ')}})\n${d.description || ''}` + (d.confirm ? '\n(asks the person for consent before it runs)' : '');
+    } },
+  });
+  return missing(out);
+}
+let toolsCache;
+Object.defineProperty(g, 'tools', {
+  get() { return (toolsCache ??= makeTools()); },
+  set(v) { toolsCache = v; },
+  configurable: true, enumerable: false,
+});
+hidden(g, 'ToolError', ToolError);
+
 // hooks for the C side
 g.__wasmbox_hooks = {
   inspectRepl: (v) => inspect(v, { quoteStrings: true }),

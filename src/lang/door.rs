@@ -73,7 +73,7 @@ fn host_call(state: &mut GuestState, frame: &[u8]) -> wasmtime::Result<Vec<u8>> 
         Started::Now(a) => a,
         Started::Later(pending) => {
             let a = state.watch.wait_for(|wait| pending.poll(wait))?;
-            state.calls.deliver(a)
+            state.calls.deliver(a, pending.id())
         }
     })
 }

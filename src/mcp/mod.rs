@@ -1,5 +1,6 @@
 //! The MCP front: the HOPX-compatible tools and the transports that serve them.
 
+pub mod consent;
 mod hangup;
 pub mod progress;
 pub mod serve;

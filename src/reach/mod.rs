@@ -2,15 +2,17 @@
 //! running the server set. A guest sends one request through its door (a wasm import) and
 //! waits, as in a sleep, without a CPU slot; the host does the bounded thing and answers.
 //!
-//! Today that is HTTP to allowed hosts ([`http`]); the channel ([`calls`]) is the same for
-//! whatever comes next.
+//! That is HTTP to allowed hosts ([`http`]) and the tools of the person's other MCP servers
+//! ([`tools`], code mode), through one channel ([`calls`]).
 
 pub mod addr;
 pub mod calls;
 pub mod http;
 pub mod policy;
 pub mod secrets;
+pub mod tools;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use policy::{ALLOW_HOSTS, HostList, HostPattern};
@@ -31,6 +33,11 @@ pub struct ReachConfig {
     pub call_bytes: usize,
     /// `WASMBOX_SECRETS`: values lent to requests to their hosts, placeholders to guests.
     pub secrets: Vec<secrets::Secret>,
+    /// `--mcp-config` / `WASMBOX_MCP_CONFIG`: the MCP servers whose tools code may call.
+    pub mcp_config: Option<PathBuf>,
+    /// `WASMBOX_TOOL_BYTES`: the most one tool answer (or one message from an MCP server) may
+    /// take: 16 MiB.
+    pub tool_bytes: usize,
     /// A setting that did not parse: the server refuses to start with it.
     pub error: Option<String>,
 }
@@ -60,20 +67,40 @@ impl ReachConfig {
             http_bytes: num("WASMBOX_HTTP_BYTES").unwrap_or(16 << 20).max(1),
             calls: num("WASMBOX_HOST_CALLS").unwrap_or(1000),
             call_bytes: num("WASMBOX_HOST_CALL_MB").unwrap_or(64).max(1) << 20,
+            mcp_config: std::env::var_os(tools::MCP_CONFIG)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            tool_bytes: num("WASMBOX_TOOL_BYTES").unwrap_or(16 << 20).max(1),
             error,
         }
     }
 }
 
 /// What one run may reach: the server's settings with its hosts narrowed by the sandbox's or
-/// the call's `allow_hosts`, and the client that makes the requests.
-#[derive(Clone, Debug)]
+/// the call's `allow_hosts`, the client that makes the requests, the MCP tools code may call
+/// and who to ask before a destructive one.
+#[derive(Clone)]
 pub struct Reach {
     pub hosts: HostList,
     /// Whether the hosts were narrowed below the server's list (refusals say which list).
     pub narrowed: bool,
     pub config: Arc<ReachConfig>,
     pub client: reqwest::Client,
+    /// Code mode's servers (`None`: none configured, or not for this caller).
+    pub tools: Option<Arc<tools::CodeTools>>,
+    /// Asks the person behind the call that started the run.
+    pub consent: Option<Arc<dyn tools::Consent>>,
+}
+
+impl std::fmt::Debug for Reach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reach")
+            .field("hosts", &self.hosts)
+            .field("narrowed", &self.narrowed)
+            .field("tools", &self.tools)
+            .field("consent", &self.consent.is_some())
+            .finish()
+    }
 }
 
 impl Reach {
@@ -84,12 +111,31 @@ impl Reach {
         }
         let client = http::client(config.allow_private)
             .map_err(|e| format!("building the guests' HTTP client: {e}"))?;
+        let tools = match &config.mcp_config {
+            None => None,
+            Some(path) => Some(Arc::new(tools::CodeTools::new(
+                tools::config::load(path)?,
+                config.tool_bytes,
+            ))),
+        };
         Ok(Self {
             hosts: config.hosts.clone(),
             narrowed: false,
             config: Arc::new(config),
             client,
+            tools,
+            consent: None,
         })
+    }
+
+    /// This reach for one caller: code mode only for the local user (over stdio; an HTTP
+    /// token's code never reaches the person's own MCP servers), with who to ask for consent.
+    pub fn for_caller(&self, local: bool, consent: Option<Arc<dyn tools::Consent>>) -> Self {
+        Self {
+            tools: self.tools.clone().filter(|_| local),
+            consent,
+            ..self.clone()
+        }
     }
 
     /// This reach with its hosts narrowed to `allow_hosts`, each of which must be within the
@@ -105,8 +151,7 @@ impl Reach {
         Ok(Self {
             hosts,
             narrowed: true,
-            config: self.config.clone(),
-            client: self.client.clone(),
+            ..self.clone()
         })
     }
 }

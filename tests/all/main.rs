@@ -7,6 +7,7 @@ mod common;
 mod cancel;
 mod cli;
 mod cloud;
+mod code_mode;
 mod commands;
 mod disk;
 mod durable;

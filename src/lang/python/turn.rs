@@ -15,7 +15,11 @@ use crate::lang::guest::{GuestState, WORKSPACE_GUEST, copy_in};
 /// snapshot would otherwise have frozen, and, when asked, hands the figures left open (or
 /// shown) to the host through the door as PNG before the turn ends. It then takes over the
 /// reactor's turns: every later turn is a call of ours as JSON (see [`call`]).
-pub(super) const PROLOGUE: &str = concat!(include_str!("prologue.py"), include_str!("net.py"));
+pub(super) const PROLOGUE: &str = concat!(
+    include_str!("prologue.py"),
+    include_str!("net.py"),
+    include_str!("tools.py")
+);
 
 /// The turn that readies an instance: `_wasmbox.warm` (reseeds the random generators, sets the
 /// base environment and goes once through `run`).

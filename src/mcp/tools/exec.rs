@@ -1,6 +1,7 @@
 //! Running code: `execute_code` and its per-mode aliases, and `execute_code_async`.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::{tool, tool_router};
@@ -448,7 +449,19 @@ impl WasmboxServer {
         if let Some(t) = long {
             req.timeout = Duration::from_secs_f64(t);
         }
-        Ok(req)
+        Ok(self.for_caller(req))
+    }
+
+    /// `req` with what this caller's code may reach beyond the network: the person's MCP tools
+    /// (the local user's only) and this call's client to ask before a destructive one.
+    pub(super) fn for_caller(&self, mut req: crate::ExecRequest) -> crate::ExecRequest {
+        if let Some(r) = &req.reach {
+            let local = *self.owner == *crate::sandbox::LOCAL_OWNER;
+            req.reach = Some(Arc::new(
+                r.for_caller(local, crate::mcp::consent::call_consent()),
+            ));
+        }
+        req
     }
 
     /// `req` with its hosts narrowed to the call's `allow_hosts`, when it gives them.
@@ -459,6 +472,7 @@ impl WasmboxServer {
     ) -> Result<crate::ExecRequest, Error> {
         if let Some(hosts) = allow_hosts {
             req.reach = Some(self.wasmbox.reach_for(Some(hosts))?);
+            req = self.for_caller(req);
         }
         Ok(req)
     }
@@ -554,6 +568,7 @@ impl WasmboxServer {
                 owner: Some(self.owner.clone()),
                 allow_hosts: o.allow_hosts,
             })
+            .map(|r| self.for_caller(r))
             .map_err(fail)?;
         let r = self
             .wasmbox

@@ -420,6 +420,7 @@ impl WasmboxServer {
     ) -> CallToolResult {
         let cancel = Arc::new(Stop::default());
         let call = CALL_CANCEL.scope(cancel.clone(), self.dispatch(request, context.clone()));
+        let call = super::consent::scope(context.peer.clone(), call);
         let call = super::progress::scope(&context, call);
         tokio::pin!(call);
         tokio::select! {

@@ -17,6 +17,39 @@ use crate::engine::pool::PoolStats;
 use crate::lang::go::GoCacheStats;
 use crate::sandbox::{SandboxInfo, TEMPLATES};
 
+/// `name(required: type, optional?: type)` from a tool's input schema.
+fn signature(name: &str, schema: &Map<String, Value>) -> String {
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut params: Vec<(bool, String)> = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| {
+            p.iter()
+                .map(|(k, v)| {
+                    let ty = match v.get("type") {
+                        Some(Value::String(t)) => t.clone(),
+                        Some(Value::Array(ts)) => ts
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join("|"),
+                        _ => "any".into(),
+                    };
+                    let req = required.contains(&k.as_str());
+                    (!req, format!("{k}{}: {ty}", if req { "" } else { "?" }))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    params.sort_by_key(|(optional, _)| *optional);
+    let params: Vec<String> = params.into_iter().map(|(_, p)| p).collect();
+    format!("{name}({})", params.join(", "))
+}
+
 fn default_template_limit() -> i64 {
     10
 }
@@ -145,8 +178,94 @@ pub struct Template {
     pub fields: Map<String, Value>,
 }
 
+/// `list_code_tools`.
+#[derive(Serialize, JsonSchema)]
+pub struct CodeToolList {
+    /// How code calls them.
+    pub usage: String,
+    /// What code may call: `server.tool(arg: type, optional?: type)`.
+    pub tools: Vec<CodeToolInfo>,
+    /// Each configured server: connected, or failed and why.
+    #[schemars(with = "Vec<Map<String, Value>>")]
+    pub servers: Vec<Value>,
+}
+
+#[derive(Serialize, JsonSchema)]
+pub struct CodeToolInfo {
+    pub signature: String,
+    /// The first line of its description.
+    pub description: String,
+    /// Whether the person is asked before it runs.
+    pub asks_consent: bool,
+}
+
+const CODE_USAGE: &str = "Python: from wasmbox import tools; tools.SERVER.TOOL(arg=value) returns the tool's structured result (or text) and raises wasmbox.ToolError on failure; tools.search('text') and tools.describe('SERVER.TOOL') help. JavaScript: await tools.SERVER.TOOL({arg: value}) (ToolError with .kind). Filter and join results in code and print only what matters.";
+
 #[tool_router(router = server_router, vis = "pub(super)")]
 impl WasmboxServer {
+    #[tool(
+        name = "list_code_tools",
+        title = "Tools code can call",
+        description = "The tools of the person's other MCP servers that code run here may call (code mode, set by wasmbox's --mcp-config): compact signatures, and how to call them from Python and JavaScript. Calling tools from code and printing only what matters keeps large results out of the conversation.",
+        annotations(read_only_hint = true, open_world_hint = true)
+    )]
+    async fn list_code_tools(
+        &self,
+        Parameters(_): Parameters<NoArgs>,
+    ) -> Result<Json<CodeToolList>, ToolError> {
+        let reach = self
+            .wasmbox
+            .reach_for(None)
+            .map_err(|e| ToolError::message("Internal error", e.to_string()))?;
+        let local = *self.owner == *crate::sandbox::LOCAL_OWNER;
+        let mut out = CodeToolList {
+            usage: CODE_USAGE.into(),
+            tools: Vec::new(),
+            servers: Vec::new(),
+        };
+        let Some(tools) = reach.tools.clone().filter(|_| local) else {
+            out.usage = if local {
+                format!(
+                    "No MCP servers are configured for code: start wasmbox with --mcp-config FILE (or {}), an mcpServers file as Claude Desktop uses. {CODE_USAGE}",
+                    crate::reach::tools::MCP_CONFIG
+                )
+            } else {
+                "Code mode is for the local user (wasmbox over stdio); code run over HTTP cannot call the person's MCP tools.".into()
+            };
+            return Ok(Json::new(out));
+        };
+        let listed = crate::reach::calls::spawn(async move {
+            tokio::time::timeout(std::time::Duration::from_secs(30), tools.list()).await
+        })
+        .await;
+        let Ok(Ok((list, status))) = listed else {
+            return Err(ToolError::message(
+                "Timeout",
+                "the MCP servers for code did not all connect and list their tools within 30 s",
+            ));
+        };
+        out.tools = list
+            .iter()
+            .map(|t| CodeToolInfo {
+                signature: signature(&format!("{}.{}", t.server, t.attr), &t.input_schema),
+                description: t
+                    .description
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(200)
+                    .collect(),
+                asks_consent: t.confirm,
+            })
+            .collect();
+        out.servers = status
+            .iter()
+            .map(|s| serde_json::to_value(s).unwrap_or_default())
+            .collect();
+        Ok(Json::new(out))
+    }
+
     #[tool(
         name = "health",
         title = "Server health",

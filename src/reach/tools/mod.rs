@@ -1,0 +1,470 @@
+//! Code mode: the tools of the person's other MCP servers, callable from guest code.
+//!
+//! The servers come from `--mcp-config` / `WASMBOX_MCP_CONFIG` ([`config`]); wasmbox connects
+//! to each as an MCP client the first time code lists or calls tools, and keeps the connection.
+//! Code sees only the tools its server's `allow` admits (by default those annotated
+//! read-only); a tool the server does not mark harmless (`destructiveHint` is true unless it says
+//! otherwise) needs the person's consent, asked through the client (elicitation), unless the
+//! config sets `confirm: false`. The servers' credentials stay in their processes; a guest sees
+//! results only, each bounded (`WASMBOX_TOOL_BYTES`).
+
+pub mod config;
+mod link;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
+use rmcp::service::ServiceError;
+use serde::Serialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+pub use config::{Allow, MCP_CONFIG, ServerSpec, Transport};
+use link::Link;
+
+/// Asks the person whether a destructive call may go ahead.
+pub trait Consent: Send + Sync {
+    /// `Ok(true)` when they accepted; `Err` when they cannot be asked (the client has no
+    /// elicitation, or it failed), with why.
+    fn ask(&self, message: String) -> Pin<Box<dyn Future<Output = Result<bool, String>> + Send>>;
+}
+
+/// Why a call failed, in the guest protocol's kinds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fail {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl Fail {
+    fn new(kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// One tool code may call.
+#[derive(Clone, Debug, Serialize)]
+pub struct CodeTool {
+    /// `tools.<server>`.
+    pub server: String,
+    /// The tool's own name, as its server knows it.
+    pub tool: String,
+    /// Its attribute under the server: the name as an identifier.
+    pub attr: String,
+    /// The one name the guest protocol knows it by: `<server>__<attr>`, at most 64 characters.
+    pub name: String,
+    pub description: String,
+    #[serde(rename = "inputSchema")]
+    pub input_schema: Arc<JsonObject>,
+    #[serde(rename = "outputSchema", skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Arc<JsonObject>>,
+    /// Whether a call needs the person's consent first.
+    pub confirm: bool,
+}
+
+/// A server's state as `list_code_tools` reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServerStatus {
+    pub name: String,
+    pub transport: &'static str,
+    /// "connected", "not started" or "failed".
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Tools it has that code may not call (not in `allow`).
+    pub hidden: usize,
+}
+
+/// The configured servers and their connections.
+pub struct CodeTools {
+    servers: Vec<Server>,
+    /// The most bytes one answer (or one message from a server) may take.
+    max_answer: usize,
+}
+
+impl fmt::Debug for CodeTools {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.servers.iter().map(|s| &s.spec.name))
+            .finish()
+    }
+}
+
+struct Server {
+    spec: ServerSpec,
+    slot: tokio::sync::Mutex<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    link: Option<Arc<Link>>,
+    /// Its tools as last listed.
+    tools: Option<Arc<Vec<Tool>>>,
+    /// The last failure to connect, and when: a server that failed is not started again for
+    /// a few seconds, so a broken entry does not cost every call a process.
+    failed: Option<(String, Instant)>,
+}
+
+/// How long a server that could not be reached is left alone.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// What a guest's call to a server turned into.
+enum Outcome {
+    Done(CallToolResult),
+    Failed(Fail),
+}
+
+impl CodeTools {
+    pub fn new(servers: Vec<ServerSpec>, max_answer: usize) -> Self {
+        Self {
+            servers: servers
+                .into_iter()
+                .map(|spec| Server {
+                    spec,
+                    slot: Default::default(),
+                })
+                .collect(),
+            max_answer,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Every tool code may call, each server connected and listed if it was not yet (all at
+    /// once), with each server's state.
+    pub async fn list(&self) -> (Vec<CodeTool>, Vec<ServerStatus>) {
+        let lists = futures::future::join_all(self.servers.iter().map(|s| self.tools_of(s))).await;
+        let mut out = Vec::new();
+        let mut status = Vec::new();
+        let mut taken: HashMap<String, ()> = HashMap::new();
+        for (s, listed) in self.servers.iter().zip(lists) {
+            let spec = &s.spec;
+            let mut st = ServerStatus {
+                name: spec.name.clone(),
+                transport: match spec.transport {
+                    Transport::Stdio { .. } => "stdio",
+                    Transport::Http { .. } => "http",
+                },
+                state: "connected",
+                error: None,
+                hidden: 0,
+            };
+            match listed {
+                Err(e) => {
+                    st.state = "failed";
+                    st.error = Some(e);
+                }
+                Ok(tools) => {
+                    for t in tools.iter() {
+                        let read_only = annotated(t, |a| a.read_only_hint);
+                        if !spec.allow.admits(&t.name, read_only) {
+                            st.hidden += 1;
+                            continue;
+                        }
+                        let attr = config::ident(&t.name);
+                        let name = unique(&format!("{}__{attr}", spec.name), &mut taken);
+                        let destructive = !read_only
+                            && t.annotations.as_ref().and_then(|a| a.destructive_hint)
+                                != Some(false);
+                        out.push(CodeTool {
+                            server: spec.name.clone(),
+                            tool: t.name.to_string(),
+                            attr,
+                            name,
+                            description: t.description.as_deref().unwrap_or_default().to_string(),
+                            input_schema: t.input_schema.clone(),
+                            output_schema: t.output_schema.clone(),
+                            confirm: destructive && spec.confirm,
+                        });
+                    }
+                }
+            }
+            status.push(st);
+        }
+        (out, status)
+    }
+
+    /// Calls the tool code knows as `name` with `args`, asking `consent` first when it needs it.
+    pub async fn call(
+        &self,
+        name: &str,
+        args: JsonObject,
+        consent: Option<&Arc<dyn Consent>>,
+    ) -> Result<Value, Fail> {
+        let (tools, _) = self.list().await;
+        let Some(tool) = tools.into_iter().find(|t| t.name == name) else {
+            return Err(Fail::new(
+                "unknown_tool",
+                format!("no tool code may call is named {name} (list_code_tools shows them)"),
+            ));
+        };
+        let server = self
+            .servers
+            .iter()
+            .find(|s| s.spec.name == tool.server)
+            .expect("a listed tool's server");
+        let label = format!("{}.{}", tool.server, tool.tool);
+        if tool.confirm {
+            let Some(consent) = consent else {
+                return Err(Fail::new(
+                    "denied",
+                    format!(
+                        "{label} may change things, and there is no one to ask for consent in this run; set \"confirm\": false for server {:?} in the MCP config to allow it without asking",
+                        server.spec.key
+                    ),
+                ));
+            };
+            let mut shown = Value::Object(args.clone()).to_string();
+            if let Some((at, _)) = shown.char_indices().nth(500) {
+                shown.truncate(at);
+                shown.push_str("...");
+            }
+            let message = format!(
+                "Code in a wasmbox sandbox wants to call {label}, which its server marks as one that may change things, with {shown}. Allow this call?"
+            );
+            match consent.ask(message).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(Fail::new(
+                        "denied",
+                        format!("the person declined the call to {label}"),
+                    ));
+                }
+                Err(why) => {
+                    return Err(Fail::new(
+                        "denied",
+                        format!(
+                            "{label} needs the person's consent and it could not be asked: {why}; set \"confirm\": false for server {:?} in the MCP config to allow it without asking",
+                            server.spec.key
+                        ),
+                    ));
+                }
+            }
+        }
+        match self.send(server, &tool.tool, args).await {
+            Outcome::Failed(f) => Err(f),
+            Outcome::Done(r) => {
+                let value = value_of(&r);
+                if r.is_error == Some(true) {
+                    let text = match &value {
+                        Value::String(s) => s.clone(),
+                        v => v.to_string(),
+                    };
+                    return Err(Fail::new(
+                        "tool_error",
+                        format!("{label}: {}", cut(&text, 2000)),
+                    ));
+                }
+                let size = serde_json::to_vec(&value).map_or(usize::MAX, |v| v.len());
+                if size > self.max_answer {
+                    return Err(Fail::new(
+                        "too_large",
+                        format!(
+                            "{label} answered {size} bytes, over WASMBOX_TOOL_BYTES ({} bytes)",
+                            self.max_answer
+                        ),
+                    ));
+                }
+                Ok(value)
+            }
+        }
+    }
+
+    async fn send(&self, server: &Server, tool: &str, args: JsonObject) -> Outcome {
+        let link = match self.link(server).await {
+            Ok(l) => l,
+            Err(e) => return Outcome::Failed(Fail::new("tool_error", e)),
+        };
+        let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
+        match link.client.call_tool(params).await {
+            Ok(r) => Outcome::Done(r),
+            Err(ServiceError::McpError(e)) => Outcome::Failed(match e.code.0 {
+                -32602 => Fail::new(
+                    "invalid_arguments",
+                    format!("{}.{tool}: {}", server.spec.name, cut(&e.message, 1000)),
+                ),
+                -32601 => Fail::new(
+                    "unknown_tool",
+                    format!("{}.{tool}: {}", server.spec.name, cut(&e.message, 1000)),
+                ),
+                _ => Fail::new(
+                    "tool_error",
+                    format!("{}.{tool}: {}", server.spec.name, cut(&e.message, 1000)),
+                ),
+            }),
+            Err(ServiceError::Timeout { .. }) => Outcome::Failed(Fail::new(
+                "timeout",
+                format!("{}.{tool} did not answer in time", server.spec.name),
+            )),
+            Err(e) => {
+                // The connection is gone or broken: the next call starts it again.
+                let mut slot = server.slot.lock().await;
+                if slot.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, &link)) {
+                    slot.link = None;
+                    slot.tools = None;
+                }
+                // Over stdio our reader ends the connection; over HTTP rmcp refuses the body.
+                Outcome::Failed(
+                    if link.is_over() || e.to_string().contains("exceeded the maximum size") {
+                        Fail::new(
+                            "too_large",
+                            format!(
+                                "MCP server {} sent a message over {} bytes (WASMBOX_TOOL_BYTES); its connection was closed and the next call starts it again",
+                                server.spec.name, self.max_answer
+                            ),
+                        )
+                    } else {
+                        Fail::new(
+                            "tool_error",
+                            format!(
+                                "MCP server {} stopped answering ({e}: it exited, or sent a message over twice WASMBOX_TOOL_BYTES); the next call starts it again",
+                                server.spec.name
+                            ),
+                        )
+                    },
+                )
+            }
+        }
+    }
+
+    /// The server's connection, made now if there is none (or the last one closed).
+    async fn link(&self, server: &Server) -> Result<Arc<Link>, String> {
+        let mut slot = server.slot.lock().await;
+        if let Some(l) = &slot.link
+            && !l.client.is_closed()
+        {
+            return Ok(l.clone());
+        }
+        if let Some((e, at)) = &slot.failed
+            && at.elapsed() < RETRY_AFTER
+        {
+            return Err(e.clone());
+        }
+        slot.tools = None;
+        // Twice the largest answer: one somewhat over it arrives whole and is refused as too
+        // large with the connection kept; past this the connection ends.
+        match link::connect(
+            &server.spec,
+            self.max_answer.saturating_mul(2).saturating_add(64 << 10),
+        )
+        .await
+        {
+            Ok(l) => {
+                let l = Arc::new(l);
+                slot.link = Some(l.clone());
+                slot.failed = None;
+                Ok(l)
+            }
+            Err(e) => {
+                let e = format!("MCP server {} could not be reached: {e}", server.spec.name);
+                slot.link = None;
+                slot.failed = Some((e.clone(), Instant::now()));
+                Err(e)
+            }
+        }
+    }
+
+    async fn tools_of(&self, server: &Server) -> Result<Arc<Vec<Tool>>, String> {
+        {
+            let slot = server.slot.lock().await;
+            if let (Some(t), Some(l)) = (&slot.tools, &slot.link)
+                && !l.client.is_closed()
+            {
+                return Ok(t.clone());
+            }
+        }
+        let link = self.link(server).await?;
+        let tools = link.client.list_all_tools().await.map_err(|e| {
+            format!(
+                "MCP server {} did not list its tools: {e}",
+                server.spec.name
+            )
+        })?;
+        let tools = Arc::new(tools);
+        server.slot.lock().await.tools = Some(tools.clone());
+        Ok(tools)
+    }
+}
+
+fn annotated(t: &Tool, f: impl Fn(&rmcp::model::ToolAnnotations) -> Option<bool>) -> bool {
+    t.annotations.as_ref().and_then(f).unwrap_or(false)
+}
+
+/// `want`, or when it is taken or too long, a shortened form with a hash of it.
+fn unique(want: &str, taken: &mut HashMap<String, ()>) -> String {
+    let mut name = want.to_string();
+    if name.len() > 64 || taken.contains_key(&name) {
+        let hash = Sha256::digest(want.as_bytes());
+        let tag: String = hash[..4].iter().map(|b| format!("{b:02x}")).collect();
+        name.truncate(64 - 13);
+        let stem = name;
+        name = format!("{stem}_{tag}");
+        let mut n = 0u32;
+        while taken.contains_key(&name) {
+            n += 1;
+            name = format!("{stem}_{tag}{n}");
+        }
+    }
+    taken.insert(name.clone(), ());
+    name
+}
+
+/// A result as the guest's value: the structured content when the tool gave it, else its
+/// text (one block: a string; several: a list, other kinds as their JSON).
+fn value_of(r: &CallToolResult) -> Value {
+    if let Some(v) = &r.structured_content {
+        return v.clone();
+    }
+    let blocks: Vec<Value> = r
+        .content
+        .iter()
+        .map(|c| match c.as_text() {
+            Some(t) => Value::String(t.text.clone()),
+            None => serde_json::to_value(c).unwrap_or(json!(null)),
+        })
+        .collect();
+    match <[Value; 1]>::try_from(blocks) {
+        Ok([one]) => one,
+        Err(v) if v.is_empty() => Value::Null,
+        Err(v) => Value::Array(v),
+    }
+}
+
+fn cut(s: &str, chars: usize) -> String {
+    match s.char_indices().nth(chars) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_short() {
+        let mut taken = HashMap::new();
+        let a = unique("srv__tool", &mut taken);
+        let b = unique("srv__tool", &mut taken);
+        let long = unique(&format!("srv__{}", "x".repeat(80)), &mut taken);
+        assert_eq!(a, "srv__tool");
+        assert_ne!(a, b);
+        assert!(long.len() <= 64 && b.len() <= 64);
+        let re = |s: &str| {
+            s.len() <= 64
+                && s.starts_with(|c: char| c.is_ascii_alphabetic())
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        };
+        assert!(re(&a) && re(&b) && re(&long), "{b} {long}");
+    }
+}
