@@ -98,6 +98,9 @@ async fn downstream() -> (String, Arc<Mutex<Vec<String>>>) {
 struct Asked {
     approve: bool,
     asked: Arc<Mutex<Vec<String>>>,
+    /// The protocol spoken: before 2026-07-28 the server asks with a request of its own; from
+    /// it, its call answers `input_required` and rmcp's client retries with the answer.
+    protocol: ProtocolVersion,
 }
 
 impl ClientHandler for Asked {
@@ -118,7 +121,7 @@ impl ClientHandler for Asked {
             ClientCapabilities::builder().enable_elicitation().build(),
             Implementation::new("asked", "1"),
         )
-        .with_protocol_version(ProtocolVersion::V_2025_11_25)
+        .with_protocol_version(self.protocol.clone())
     }
 }
 
@@ -165,6 +168,7 @@ type RunningServiceAny = rmcp::service::RunningService<RoleClient, Asked>;
 async fn connect(
     env: &[(String, String)],
     approve: bool,
+    protocol: ProtocolVersion,
 ) -> (RunningServiceAny, Arc<Mutex<Vec<String>>>) {
     prepare();
     let asked = Arc::new(Mutex::new(Vec::new()));
@@ -178,6 +182,7 @@ async fn connect(
     let client = Asked {
         approve,
         asked: asked.clone(),
+        protocol,
     }
     .serve(transport)
     .await
@@ -190,7 +195,7 @@ async fn code_calls_allowed_tools_and_asks_before_destructive_ones() {
     let (url, notes) = downstream().await;
     let dir = tempfile::tempdir().unwrap();
     let env = env_for(&config(dir.path(), &url));
-    let (c, asked) = connect(&env, true).await;
+    let (c, asked) = connect(&env, true, ProtocolVersion::V_2025_11_25).await;
 
     // list_code_tools: compact signatures, the hidden writer, the server that failed.
     let r = c
@@ -305,7 +310,7 @@ async fn destructive_tools_are_refused_without_consent() {
     let env = env_for(&config(dir.path(), &url));
 
     // A person who says no.
-    let (c, asked) = connect(&env, false).await;
+    let (c, asked) = connect(&env, false, ProtocolVersion::V_2025_11_25).await;
     let out = run(&c, "python", "from wasmbox import tools, ToolDenied\ntry:\n    tools.notes_rw.add_note(text='no')\nexcept ToolDenied as e:\n    print(e.kind, 'declined' in str(e))", 30).await;
     assert_eq!(out["stdout"], "denied True\n", "{out}");
     assert_eq!(asked.lock().unwrap().len(), 1);
@@ -334,4 +339,23 @@ async fn destructive_tools_are_refused_without_consent() {
         out["stdout"].as_str().unwrap().contains("--mcp-config"),
         "{out}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_protocol_2026_07_28_consent_comes_back_with_the_retried_call() {
+    let (url, notes) = downstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = env_for(&config(dir.path(), &url));
+    for approve in [true, false] {
+        let (c, asked) = connect(&env, approve, ProtocolVersion::V_2026_07_28).await;
+        let out = run(&c, "python", "from wasmbox import tools, ToolDenied\ntry:\n    print(tools.notes_rw.add_note(text='x'))\nexcept ToolDenied as e:\n    print(e.kind)\nprint(tools.notes.lookup(key='abc')['value'])", 30).await;
+        let want = if approve {
+            "1 notes\n30\n"
+        } else {
+            "denied\n30\n"
+        };
+        assert_eq!(out["stdout"], want, "{out}");
+        assert_eq!(asked.lock().unwrap().len(), 1);
+    }
+    assert_eq!(*notes.lock().unwrap(), ["x"]);
 }

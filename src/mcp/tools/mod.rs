@@ -71,6 +71,8 @@ pub struct WasmboxServer {
     /// Whose sandboxes this call may see: [`LOCAL_OWNER`] over stdio, the caller's token over
     /// HTTP (set per call from the request, see [`Owner`]).
     owner: Arc<str>,
+    /// Runs waiting for the person's consent while their call answered `input_required`.
+    parked: Arc<crate::mcp::consent::ParkedRuns>,
 }
 
 /// The owner of an HTTP request (a token), put in its extensions by the transport's auth layer,
@@ -101,6 +103,7 @@ impl WasmboxServer {
             guest_tools: Arc::new(Self::guest_router()),
             tools: Arc::new(tools),
             owner: LOCAL_OWNER.into(),
+            parked: Default::default(),
         }
     }
 
@@ -328,7 +331,7 @@ impl ServerHandler for WasmboxServer {
         // Only a call with no HTTP request at all is stdio's (the local owner): an HTTP call that
         // reached here unnamed is refused, never served with the local owner's sandboxes.
         let owner = match context.extensions.get::<http::request::Parts>() {
-            None => return Ok(self.serve(request, context).await.into()),
+            None => return Ok(self.serve(request, context).await),
             Some(parts) => parts.extensions.get::<Owner>().cloned(),
         };
         let Some(owner) = owner else {
@@ -355,7 +358,7 @@ impl ServerHandler for WasmboxServer {
         };
         let mut this = self.clone();
         this.owner = owner.id.clone();
-        Ok(this.serve(request, context).await.into())
+        Ok(this.serve(request, context).await)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -408,28 +411,124 @@ fn call_cancel() -> Option<Arc<Stop>> {
 }
 
 impl WasmboxServer {
-    /// Serves one call once its caller is known, with its progress and its cancel flag. A
-    /// cancelled call's guest (or Go build) stops at its next check and the call returns what it
-    /// has, as at a deadline; cloud one-shots are dropped, deleting their sandbox. The client's
-    /// cancel is watched in the call's own task, so a call costs no second task (whose spawn
-    /// could wake another worker).
+    /// Serves one call once its caller is known, with its progress, its cancel flag and who to
+    /// ask for consent. A cancelled call's guest (or Go build) stops at its next check and the
+    /// call returns what it has, as at a deadline; cloud one-shots are dropped, deleting their
+    /// sandbox. The client's cancel is watched in the call's own task, so a call costs no second
+    /// task (whose spawn could wake another worker) unless its run asks the person something on
+    /// protocol 2026-07-28, where the call answers `input_required` and the run waits in a task
+    /// of its own for the retry that brings the answer.
     async fn serve(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> CallToolResult {
+    ) -> CallToolResponse {
+        use super::consent::{AskThroughCall, PeerConsent};
+        if let Some(token) = request.request_state.as_deref() {
+            return self.resume(token, &request, context).await;
+        }
+        let tool = request.name.to_string();
         let cancel = Arc::new(Stop::default());
-        let call = CALL_CANCEL.scope(cancel.clone(), self.dispatch(request, context.clone()));
-        let call = super::consent::scope(context.peer.clone(), call);
-        let call = super::progress::scope(&context, call);
-        tokio::pin!(call);
-        tokio::select! {
-            biased;
-            r = &mut call => r,
-            () = context.ct.cancelled() => {
-                cancel.stop(StopReason::Cancelled);
-                call.await
+        let mrtr = context
+            .protocol_version()
+            .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
+        let (consent, questions): (Arc<dyn crate::reach::tools::Consent>, _) = if mrtr {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            (Arc::new(AskThroughCall(tx)), Some(rx))
+        } else {
+            (Arc::new(PeerConsent(context.peer.clone())), None)
+        };
+        let this = self.clone();
+        let ctx = context.clone();
+        let call = CALL_CANCEL.scope(
+            cancel.clone(),
+            async move { this.dispatch(request, ctx).await },
+        );
+        let call = super::consent::scope(consent, call);
+        let progress_ctx = context.clone();
+        let call = async move { super::progress::scope(&progress_ctx, call).await };
+        self.drive(Box::pin(call), questions, cancel, tool, context)
+            .await
+    }
+
+    /// Waits for a call's run, watching the client's cancel and, on protocol 2026-07-28, the
+    /// run's questions: one parks the run and answers `input_required`.
+    async fn drive(
+        &self,
+        mut run: std::pin::Pin<Box<dyn std::future::Future<Output = CallToolResult> + Send>>,
+        mut questions: Option<tokio::sync::mpsc::UnboundedReceiver<crate::mcp::consent::Question>>,
+        cancel: Arc<Stop>,
+        tool: String,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        let mut cancelled = false;
+        loop {
+            let asked = async {
+                match questions.as_mut() {
+                    Some(q) => q.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                r = &mut run => return r.into(),
+                () = context.ct.cancelled(), if !cancelled => {
+                    cancel.stop(StopReason::Cancelled);
+                    cancelled = true;
+                }
+                Some(q) = asked => {
+                    if context.client_capabilities().and_then(|c| c.elicitation).is_none() {
+                        let _ = q.answer.send(Err("the MCP client does not support elicitation".into()));
+                        continue;
+                    }
+                    let message = q.message.clone();
+                    let token = self.parked.park(crate::mcp::consent::Parked {
+                        run: tokio::spawn(run),
+                        answer: q.answer,
+                        questions: questions.take().expect("questions come from a receiver"),
+                        cancel,
+                        owner: self.owner.clone(),
+                        tool,
+                        since: std::time::Instant::now(),
+                    });
+                    return super::consent::input_required(message, token).into();
+                }
             }
         }
+    }
+
+    /// A client's retry of a call that answered `input_required`: the answer goes to the
+    /// parked run, and the call waits for the run as the first one would have.
+    async fn resume(
+        &self,
+        token: &str,
+        request: &CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        let Some(p) = self.parked.take(token, &self.owner, &request.name) else {
+            return ToolError::message(
+                "Invalid request",
+                format!(
+                    "requestState {token:?} names no run of {} waiting for an answer (it finished, expired or belongs to another call)",
+                    request.name
+                ),
+            )
+            .into_result()
+            .into();
+        };
+        let answer = super::consent::answer_of(request.input_responses.as_ref());
+        let _ = p.answer.send(answer);
+        let run = p.run;
+        let run = Box::pin(async move {
+            run.await.unwrap_or_else(|_| {
+                ToolError::exception(
+                    "Internal error",
+                    "the tool failed inside wasmbox (a host panic); other calls are unaffected",
+                )
+                .into_result()
+            })
+        });
+        self.drive(run, Some(p.questions), p.cancel, p.tool, context)
+            .await
     }
 }

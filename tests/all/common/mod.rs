@@ -208,6 +208,8 @@ impl HttpServer {
     pub async fn client(&self, token: &str) -> Result<Client, String> {
         use rmcp::transport::StreamableHttpClientTransport;
         use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        // rmcp's HTTP client brings no crypto library of its own (as in wasmbox): ring's.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let transport = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(self.url.as_str()).auth_header(token),
         );
