@@ -498,6 +498,54 @@ fn reach(c: &mut Criterion) {
     g.finish();
 }
 
+/// Code mode: a tool call from Python to a local stdio MCP server (`wasmbox serve`'s
+/// `health`), against the same call made straight by rmcp's client.
+fn code_mode(c: &mut Criterion) {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+    let bin = env!("CARGO_BIN_EXE_wasmbox");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_path = dir.path().join("mcp.json");
+    let cfg_json = serde_json::json!({"mcpServers": {"wb": {"command": bin, "args": ["serve"],
+        "env": {"WASMBOX_DATA": "none"}}}});
+    std::fs::write(&cfg_path, cfg_json.to_string()).unwrap();
+    let mut cfg = Config::from_env();
+    cfg.sandbox.data_dir = None;
+    cfg.reach.calls = usize::MAX;
+    cfg.reach.call_bytes = usize::MAX;
+    cfg.reach.mcp_config = Some(cfg_path);
+    let wb = Wasmbox::new(cfg).expect("engine");
+    rt.block_on(wb.python()).unwrap();
+    let direct = rt.block_on(async {
+        let t = TokioChildProcess::new(tokio::process::Command::new(bin).configure(|cmd| {
+            cmd.arg("serve").env("WASMBOX_DATA", "none");
+        }))
+        .unwrap();
+        ().serve(t).await.unwrap()
+    });
+    let mut g = c.benchmark_group("code_mode");
+    g.bench_function("direct_health", |b| {
+        b.iter(|| {
+            rt.block_on(direct.call_tool(CallToolRequestParams::new("health")))
+                .unwrap()
+        })
+    });
+    let guest_timed = |iters: u64| {
+        let code = format!(
+            "import time\nfrom wasmbox import tools\ntools.wb.health()\nt = time.perf_counter()\nfor _ in range({iters}):\n    tools.wb.health()\nprint(time.perf_counter() - t)"
+        );
+        let r = rt
+            .block_on(wb.execute(wb.request(opts("python", &code)).unwrap()))
+            .unwrap();
+        assert_eq!(r.exit_code, 0, "{}", r.stderr);
+        Duration::from_secs_f64(r.stdout.trim().parse().unwrap())
+    };
+    g.bench_function("python_health", |b| b.iter_custom(guest_timed));
+    g.finish();
+}
+
 criterion_group!(
     benches,
     pool_hit,
@@ -507,7 +555,8 @@ criterion_group!(
     go,
     sandbox,
     durable,
-    reach
+    reach,
+    code_mode
 );
 
 /// For `benches/compare.py` (`WASMBOX_BENCH_P50=<calls>`): p50 and p90 of pool-hit Python

@@ -420,7 +420,8 @@ fn unique(want: &str, taken: &mut HashMap<String, ()>) -> String {
 }
 
 /// A result as the guest's value: the structured content when the tool gave it, else its
-/// text (one block: a string; several: a list, other kinds as their JSON).
+/// text (one block: a string, or the object or array it holds when it is JSON, as many servers
+/// send their data; several: a list, other kinds as their JSON).
 fn value_of(r: &CallToolResult) -> Value {
     if let Some(v) = &r.structured_content {
         return v.clone();
@@ -434,6 +435,10 @@ fn value_of(r: &CallToolResult) -> Value {
         })
         .collect();
     match <[Value; 1]>::try_from(blocks) {
+        Ok([Value::String(text)]) => match serde_json::from_str::<Value>(&text) {
+            Ok(v @ (Value::Object(_) | Value::Array(_))) => v,
+            _ => Value::String(text),
+        },
         Ok([one]) => one,
         Err(v) if v.is_empty() => Value::Null,
         Err(v) => Value::Array(v),
