@@ -390,4 +390,86 @@ mod tests {
         assert!(m.ends_with("..."));
         assert_eq!(head["error"]["kind"], "refused");
     }
+
+    use crate::reach::ReachConfig;
+
+    fn now(calls: &mut HostCalls, frame: &[u8]) -> Value {
+        match calls.start(frame) {
+            Started::Now(a) => serde_json::from_slice(&a).unwrap(),
+            Started::Later(_) => panic!(
+                "{} was not answered at once",
+                String::from_utf8_lossy(frame)
+            ),
+        }
+    }
+
+    #[test]
+    fn hostile_tool_frames_get_protocol_errors_with_their_id() {
+        let mut calls = HostCalls::new(None);
+        for (frame, kind, says) in [
+            (&b"{not json"[..], "protocol", "not a protocol 1 object"),
+            (b"{\"v\":2,\"id\":7,\"op\":\"list\"}", "protocol", "not 2"),
+            (
+                b"{\"v\":1,\"id\":7,\"op\":\"drop\"}",
+                "protocol",
+                "unknown op",
+            ),
+            (
+                b"{\"v\":1,\"id\":7,\"op\":\"call\"}",
+                "protocol",
+                "names no tool",
+            ),
+            (
+                b"{\"v\":1,\"id\":7,\"op\":\"call\",\"tool\":\"x\",\"args\":[1]}",
+                "protocol",
+                "not a protocol 1 object",
+            ),
+            (
+                b"{\"v\":1,\"id\":7,\"op\":\"call\",\"tool\":\"x\"}",
+                "unknown_tool",
+                "--mcp-config",
+            ),
+        ] {
+            let a = now(&mut calls, frame);
+            assert_eq!(a["ok"], false, "{a}");
+            assert_eq!(a["error"]["kind"], kind, "{a}");
+            assert!(
+                a["error"]["message"].as_str().unwrap().contains(says),
+                "{a}"
+            );
+            assert_eq!(a["v"], 1);
+        }
+        let a = now(&mut calls, b"{\"v\":1,\"id\":9,\"op\":\"list\"}");
+        assert_eq!(a, json!({"v": 1, "id": 9, "ok": true, "tools": []}));
+    }
+
+    #[test]
+    fn tool_calls_count_against_the_run_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcp.json");
+        std::fs::write(
+            &path,
+            r#"{"mcpServers": {"s": {"command": "/nonexistent"}}}"#,
+        )
+        .unwrap();
+        let mut config = ReachConfig::from_env();
+        config.error = None;
+        config.secrets.clear();
+        config.calls = 0;
+        config.mcp_config = Some(path);
+        let reach = Arc::new(Reach::new(config).unwrap());
+        let mut calls = HostCalls::new(Some(reach));
+        let a = now(
+            &mut calls,
+            b"{\"v\":1,\"id\":3,\"op\":\"call\",\"tool\":\"s__t\",\"args\":{}}",
+        );
+        assert_eq!(a["id"], 3);
+        assert_eq!(a["error"]["kind"], "budget_exceeded", "{a}");
+        assert!(
+            a["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("WASMBOX_HOST_CALLS")
+        );
+    }
 }

@@ -126,8 +126,8 @@ impl ClientHandler for Asked {
 }
 
 /// The config file: the HTTP server twice (read tools only; and its writer, which asks), and
-/// wasmbox over stdio (started through a shell that leaves its pid in `pidfile`), and a
-/// server that cannot start.
+/// wasmbox over stdio (started through a shell that leaves its pid in `pidfile`), a server
+/// that cannot start and one that never answers its handshake.
 fn config(dir: &std::path::Path, url: &str) -> std::path::PathBuf {
     let pidfile = dir.join("pid");
     let cfg = json!({"mcpServers": {
@@ -136,6 +136,7 @@ fn config(dir: &std::path::Path, url: &str) -> std::path::PathBuf {
         "wb": {"command": "sh", "args": ["-c", format!("echo $$ > {}; exec {BIN} serve", pidfile.display())],
                "env": {"WASMBOX_DATA": "none"}},
         "broken": {"command": "/nonexistent/server"},
+        "hangs": {"command": "sh", "args": ["-c", format!("echo $$ > {}; exec sleep 3600", dir.join("hangpid").display())]},
     }});
     let path = dir.join("mcp.json");
     std::fs::write(&path, cfg.to_string()).unwrap();
@@ -226,6 +227,16 @@ async fn code_calls_allowed_tools_and_asks_before_destructive_ones() {
         .find(|s| s["name"] == "broken")
         .unwrap();
     assert_eq!(broken["state"], "failed");
+    let hangs = list["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "hangs")
+        .unwrap();
+    assert!(
+        hangs["error"].as_str().unwrap().contains("still starting"),
+        "{hangs}"
+    );
     assert!(
         broken["error"]
             .as_str()
@@ -301,6 +312,18 @@ async fn code_calls_allowed_tools_and_asks_before_destructive_ones() {
     )
     .await;
     assert_eq!(out["stdout"], "20\n", "{out}");
+
+    // The servers wasmbox started end with it, however it ends: even one that ignores its
+    // stdin closing.
+    let pid = std::fs::read_to_string(dir.path().join("hangpid")).unwrap();
+    let alive = || std::path::Path::new(&format!("/proc/{}", pid.trim())).exists();
+    assert!(alive());
+    drop(c);
+    let t = Instant::now();
+    while alive() && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!alive(), "the stdio server outlived wasmbox");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -111,6 +111,11 @@ pub fn parse(text: &str) -> Result<Vec<ServerSpec>, String> {
             continue;
         }
         let name = ident(&key);
+        if name.len() > MAX_NAME {
+            return Err(format!(
+                "server {key:?}: its name in code ({name}) is over {MAX_NAME} characters; shorten the key"
+            ));
+        }
         if let Some(other) = out.iter().find(|s| s.name == name) {
             return Err(format!(
                 "servers {:?} and {key:?} would both be tools.{name} in code: rename one",
@@ -169,18 +174,26 @@ pub fn parse(text: &str) -> Result<Vec<ServerSpec>, String> {
     Ok(out)
 }
 
-/// `s` as an identifier in Python and JavaScript: letters, digits and `_`, not starting with a
-/// digit.
+/// `s` as an identifier in Python and JavaScript: letters, digits and single `_`s, starting
+/// with a letter. With no `__` in it, a server's name is always what comes before the first
+/// `__` of its tools' protocol names.
 pub fn ident(s: &str) -> String {
-    let mut out: String = s
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let c = if c.is_ascii_alphanumeric() { c } else { '_' };
+        if !(c == '_' && out.ends_with('_')) {
+            out.push(c);
+        }
+    }
     if !out.starts_with(|c: char| c.is_ascii_alphabetic()) {
         out.insert_str(0, "t_");
     }
     out
 }
+
+/// The longest server name code may use: its tools' protocol names (at most 64 characters)
+/// keep room for the tool's.
+pub const MAX_NAME: usize = 24;
 
 #[cfg(test)]
 mod tests {
@@ -200,6 +213,8 @@ mod tests {
         .unwrap();
         assert_eq!(s.len(), 3);
         assert_eq!(s[0].name, "git_hub");
+        assert_eq!(ident("a--b__c"), "a_b_c");
+        assert_eq!(ident("9lives"), "t_9lives");
         assert_eq!(s[0].allow, Allow::ReadOnly);
         assert!(s[0].confirm);
         assert_eq!(s[1].allow, Allow::All);
@@ -229,6 +244,10 @@ mod tests {
                 "rename",
             ),
             (r#"{"servers": {}}"#, "mcpServers"),
+            (
+                r#"{"mcpServers": {"a-very-long-server-name-indeed": {"command": "x"}}}"#,
+                "over 24",
+            ),
         ] {
             let e = parse(text).unwrap_err();
             assert!(e.contains(says), "{text}: {e}");

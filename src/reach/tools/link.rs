@@ -48,6 +48,19 @@ pub async fn connect(spec: &ServerSpec, max_message: usize) -> Result<Link, Stri
             if let Some(dir) = cwd {
                 cmd.current_dir(dir);
             }
+            // The server ends with wasmbox however wasmbox ends (a drop kills it too, but a
+            // process that exits or is killed drops nothing). The thread that spawns it is the
+            // reach runtime's, which lives as long as the process.
+            #[cfg(target_os = "linux")]
+            // SAFETY: prctl is async-signal-safe and touches no memory of the parent's.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
             let mut child = cmd
                 .spawn()
                 .map_err(|e| format!("cannot start {command:?}: {e}"))?;

@@ -111,7 +111,20 @@ struct Slot {
     /// The last failure to connect, and when: a server that failed is not started again for
     /// a few seconds, so a broken entry does not cost every call a process.
     failed: Option<(String, Instant)>,
+    /// A connection being made, in a task of its own: a guest that stops waiting (its
+    /// deadline) does not abort it, so a slow first start (`npx -y`) finishes for the next.
+    connecting: Option<(Connecting, Instant)>,
 }
+
+type Connecting = futures::future::Shared<
+    std::pin::Pin<Box<dyn Future<Output = Result<Arc<Link>, String>> + Send>>,
+>;
+
+/// How long a server has to start, shake hands, or list its tools.
+const CONNECT_TIME: Duration = Duration::from_secs(60);
+
+/// How long a list of every server's tools waits for one of them.
+const LIST_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a server that could not be reached is left alone.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -143,10 +156,25 @@ impl CodeTools {
     /// Every tool code may call, each server connected and listed if it was not yet (all at
     /// once), with each server's state.
     pub async fn list(&self) -> (Vec<CodeTool>, Vec<ServerStatus>) {
-        let lists = futures::future::join_all(self.servers.iter().map(|s| self.tools_of(s))).await;
+        // A server still starting is waited for a while, then reported as such; its start goes
+        // on in its own task and its tools appear in a later list.
+        let lists = futures::future::join_all(self.servers.iter().map(|s| async {
+            // One that has been starting for a while already is not waited for again.
+            let since = s.slot.lock().await.connecting.as_ref().map(|(_, at)| at.elapsed());
+            let wait = LIST_WAIT.saturating_sub(since.unwrap_or_default());
+            tokio::time::timeout(wait, self.catalog(s))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "MCP server {} has not answered within {} s (still starting?); its tools appear once it has",
+                        s.spec.name,
+                        LIST_WAIT.as_secs()
+                    ))
+                })
+        }))
+        .await;
         let mut out = Vec::new();
         let mut status = Vec::new();
-        let mut taken: HashMap<String, ()> = HashMap::new();
         for (s, listed) in self.servers.iter().zip(lists) {
             let spec = &s.spec;
             let mut st = ServerStatus {
@@ -164,34 +192,46 @@ impl CodeTools {
                     st.state = "failed";
                     st.error = Some(e);
                 }
-                Ok(tools) => {
-                    for t in tools.iter() {
-                        let read_only = annotated(t, |a| a.read_only_hint);
-                        if !spec.allow.admits(&t.name, read_only) {
-                            st.hidden += 1;
-                            continue;
-                        }
-                        let attr = config::ident(&t.name);
-                        let name = unique(&format!("{}__{attr}", spec.name), &mut taken);
-                        let destructive = !read_only
-                            && t.annotations.as_ref().and_then(|a| a.destructive_hint)
-                                != Some(false);
-                        out.push(CodeTool {
-                            server: spec.name.clone(),
-                            tool: t.name.to_string(),
-                            attr,
-                            name,
-                            description: t.description.as_deref().unwrap_or_default().to_string(),
-                            input_schema: t.input_schema.clone(),
-                            output_schema: t.output_schema.clone(),
-                            confirm: destructive && spec.confirm,
-                        });
-                    }
+                Ok((tools, hidden)) => {
+                    st.hidden = hidden;
+                    out.extend(tools);
                 }
             }
             status.push(st);
         }
         (out, status)
+    }
+
+    /// The tools of one server that code may call, and how many it hides. Their protocol names
+    /// are `<server>__<tool>`, made unique within the server.
+    async fn catalog(&self, s: &Server) -> Result<(Vec<CodeTool>, usize), String> {
+        let tools = self.tools_of(s).await?;
+        let spec = &s.spec;
+        let mut taken = HashMap::new();
+        let mut out = Vec::new();
+        let mut hidden = 0;
+        for t in tools.iter() {
+            let read_only = annotated(t, |a| a.read_only_hint);
+            if !spec.allow.admits(&t.name, read_only) {
+                hidden += 1;
+                continue;
+            }
+            let attr = config::ident(&t.name);
+            let name = unique(&format!("{}__{attr}", spec.name), &mut taken);
+            let destructive = !read_only
+                && t.annotations.as_ref().and_then(|a| a.destructive_hint) != Some(false);
+            out.push(CodeTool {
+                server: spec.name.clone(),
+                tool: t.name.to_string(),
+                attr,
+                name,
+                description: t.description.as_deref().unwrap_or_default().to_string(),
+                input_schema: t.input_schema.clone(),
+                output_schema: t.output_schema.clone(),
+                confirm: destructive && spec.confirm,
+            });
+        }
+        Ok((out, hidden))
     }
 
     /// Calls the tool code knows as `name` with `args`, asking `consent` first when it needs it.
@@ -201,18 +241,25 @@ impl CodeTools {
         args: JsonObject,
         consent: Option<&Arc<dyn Consent>>,
     ) -> Result<Value, Fail> {
-        let (tools, _) = self.list().await;
-        let Some(tool) = tools.into_iter().find(|t| t.name == name) else {
-            return Err(Fail::new(
+        let unknown = || {
+            Fail::new(
                 "unknown_tool",
                 format!("no tool code may call is named {name} (list_code_tools shows them)"),
-            ));
+            )
         };
-        let server = self
-            .servers
-            .iter()
-            .find(|s| s.spec.name == tool.server)
-            .expect("a listed tool's server");
+        // Only this tool's server is reached: another's slow start costs this call nothing.
+        let server = name
+            .split_once("__")
+            .and_then(|(s, _)| self.servers.iter().find(|x| x.spec.name == s))
+            .ok_or_else(unknown)?;
+        let (tools, _) = self
+            .catalog(server)
+            .await
+            .map_err(|e| Fail::new("tool_error", e))?;
+        let tool = tools
+            .into_iter()
+            .find(|t| t.name == name)
+            .ok_or_else(unknown)?;
         let label = format!("{}.{}", tool.server, tool.tool);
         if tool.confirm {
             let Some(consent) = consent else {
@@ -339,39 +386,68 @@ impl CodeTools {
 
     /// The server's connection, made now if there is none (or the last one closed).
     async fn link(&self, server: &Server) -> Result<Arc<Link>, String> {
+        let pending = {
+            let mut slot = server.slot.lock().await;
+            if let Some(l) = &slot.link
+                && !l.client.is_closed()
+            {
+                return Ok(l.clone());
+            }
+            match &slot.connecting {
+                Some((c, _)) => c.clone(),
+                None => {
+                    if let Some((e, at)) = &slot.failed
+                        && at.elapsed() < RETRY_AFTER
+                    {
+                        return Err(e.clone());
+                    }
+                    slot.tools = None;
+                    let spec = server.spec.clone();
+                    // Twice the largest answer: one somewhat over it arrives whole and is refused
+                    // as too large with the connection kept; past this the connection ends.
+                    let max = self.max_answer.saturating_mul(2).saturating_add(64 << 10);
+                    let task = tokio::spawn(async move {
+                        match tokio::time::timeout(CONNECT_TIME, link::connect(&spec, max)).await {
+                            Ok(r) => r.map(Arc::new),
+                            Err(_) => Err(format!(
+                                "it did not finish starting within {} s",
+                                CONNECT_TIME.as_secs()
+                            )),
+                        }
+                    });
+                    let c: Connecting = futures::FutureExt::shared(Box::pin(async move {
+                        task.await
+                            .unwrap_or_else(|e| Err(format!("connecting failed: {e}")))
+                    })
+                        as std::pin::Pin<Box<dyn Future<Output = _> + Send>>);
+                    slot.connecting = Some((c.clone(), Instant::now()));
+                    c
+                }
+            }
+        };
+        let made = pending.clone().await;
         let mut slot = server.slot.lock().await;
-        if let Some(l) = &slot.link
-            && !l.client.is_closed()
+        if slot
+            .connecting
+            .as_ref()
+            .is_some_and(|(c, _)| c.ptr_eq(&pending))
         {
-            return Ok(l.clone());
-        }
-        if let Some((e, at)) = &slot.failed
-            && at.elapsed() < RETRY_AFTER
-        {
-            return Err(e.clone());
-        }
-        slot.tools = None;
-        // Twice the largest answer: one somewhat over it arrives whole and is refused as too
-        // large with the connection kept; past this the connection ends.
-        match link::connect(
-            &server.spec,
-            self.max_answer.saturating_mul(2).saturating_add(64 << 10),
-        )
-        .await
-        {
-            Ok(l) => {
-                let l = Arc::new(l);
-                slot.link = Some(l.clone());
-                slot.failed = None;
-                Ok(l)
-            }
-            Err(e) => {
-                let e = format!("MCP server {} could not be reached: {e}", server.spec.name);
-                slot.link = None;
-                slot.failed = Some((e.clone(), Instant::now()));
-                Err(e)
+            slot.connecting = None;
+            match &made {
+                Ok(l) => {
+                    slot.link = Some(l.clone());
+                    slot.failed = None;
+                }
+                Err(e) => {
+                    slot.link = None;
+                    slot.failed = Some((
+                        format!("MCP server {} could not be reached: {e}", server.spec.name),
+                        Instant::now(),
+                    ));
+                }
             }
         }
+        made.map_err(|e| format!("MCP server {} could not be reached: {e}", server.spec.name))
     }
 
     async fn tools_of(&self, server: &Server) -> Result<Arc<Vec<Tool>>, String> {
