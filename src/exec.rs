@@ -33,6 +33,8 @@ pub struct ExecOptions {
     pub owner: Option<engine::cpu::Owner>,
     /// Hosts the run may reach, within the server's `WASMBOX_ALLOW_HOSTS` (`None`: all of those).
     pub allow_hosts: Option<Vec<String>>,
+    /// Who to ask before the run's code calls a destructive tool of the person's MCP servers.
+    pub consent: Option<Arc<dyn crate::reach::tools::Consent>>,
 }
 
 /// A blocking execution handed to a guest thread.
@@ -94,7 +96,11 @@ impl Wasmbox {
                 .or_insert_with(|| s.placeholder.clone());
         }
         check_env(&opts.env)?;
-        let reach = self.reach_for(opts.allow_hosts.as_deref())?;
+        let owner = opts.owner.unwrap_or_else(|| sandbox::LOCAL_OWNER.into());
+        let local = *owner == *sandbox::LOCAL_OWNER;
+        let reach = self
+            .reach_for(opts.allow_hosts.as_deref())?
+            .for_caller(local, opts.consent);
         Ok(ExecRequest {
             language,
             code: opts.code,
@@ -108,7 +114,7 @@ impl Wasmbox {
             cancel: opts.cancel,
             progress: opts.progress,
             images: cfg.images,
-            owner: opts.owner.unwrap_or_else(|| sandbox::LOCAL_OWNER.into()),
+            owner,
             reach: Some(reach),
         })
     }
@@ -253,26 +259,10 @@ impl Wasmbox {
             .working_dir(working_dir.unwrap_or(lang::guest::WORKSPACE_GUEST))?;
         req.env = sb.env_with(&req.env);
         if let Some(list) = sb.allow_hosts() {
-            let theirs = self.inner.reach.narrowed(&list).map_err(Error::invalid)?;
-            let reach = match &req.reach {
-                Some(r) if r.narrowed => theirs.narrowed(&r.hosts.items()).map_err(|e| {
-                    Error::invalid(format!(
-                        "{e} (within this sandbox's allow_hosts: {})",
-                        list.join(",")
-                    ))
-                })?,
-                _ => theirs,
-            };
-            // The caller's code tools and consent stay as the caller's layer set them.
-            let reach = match &req.reach {
-                Some(r) => crate::reach::Reach {
-                    tools: r.tools.clone(),
-                    consent: r.consent.clone(),
-                    ..reach
-                },
-                None => reach,
-            };
-            req.reach = Some(Arc::new(reach));
+            let reach = req.reach.as_ref().unwrap_or(&self.inner.reach);
+            req.reach = Some(Arc::new(
+                reach.within_sandbox(&list).map_err(Error::invalid)?,
+            ));
         }
         req.place = Some(sb.place(cwd, stop));
         // The work is the sandbox owner's, whoever the library was called by.

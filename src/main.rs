@@ -240,11 +240,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 env: env_map,
                 timeout_secs: timeout,
                 memory_mb,
-                echo: false,
-                cancel: None,
-                progress: None,
-                owner: None,
-                allow_hosts: None,
+                ..Default::default()
             })?;
             let result = wasmbox.execute(req).await?;
             // A closed stdout (e.g. piped into `head`) is not an error worth a panic.

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use super::Reach;
 use super::http::{self, Failure};
+use super::tools::cut;
 
 const HTTP: &[u8] = b"wasmbox:http\n";
 
@@ -129,7 +130,7 @@ impl HostCalls {
             )));
         }
         if frame.len() > self.bytes_left {
-            return Started::Now(self.over_bytes(&reach));
+            return Started::Now(self.over_bytes(&reach, None));
         }
         self.calls_left -= 1;
         self.bytes_left -= frame.len();
@@ -228,7 +229,7 @@ impl HostCalls {
             ));
         }
         if frame.len() > self.bytes_left {
-            return Started::Now(self.over_bytes_tool(&reach, &id));
+            return Started::Now(self.over_bytes(&reach, Some(&id)));
         }
         self.calls_left -= 1;
         self.bytes_left -= frame.len();
@@ -265,33 +266,21 @@ impl HostCalls {
             None => {
                 self.bytes_left = 0;
                 let reach = self.reach.clone().expect("a call was started");
-                match id {
-                    Some(id) => self.over_bytes_tool(&reach, id),
-                    None => self.over_bytes(&reach),
-                }
+                self.over_bytes(&reach, id)
             }
         }
     }
 
-    fn over_bytes_tool(&self, reach: &Reach, id: &Value) -> Vec<u8> {
-        tool_failure(
-            id,
-            "budget_exceeded",
-            &format!(
-                "this run's host calls have moved all the bytes they may ({} MiB; WASMBOX_HOST_CALL_MB)",
-                reach.config.call_bytes >> 20
-            ),
-        )
-    }
-
-    fn over_bytes(&self, reach: &Reach) -> Vec<u8> {
-        failure(&Failure::new(
-            "budget",
-            format!(
-                "this run's host calls have moved all the bytes they may ({} MiB; WASMBOX_HOST_CALL_MB)",
-                reach.config.call_bytes >> 20
-            ),
-        ))
+    /// The budget's refusal, in the protocol of the call that met it (tools frames carry an id).
+    fn over_bytes(&self, reach: &Reach, id: Option<&Value>) -> Vec<u8> {
+        let message = format!(
+            "this run's host calls have moved all the bytes they may ({} MiB; WASMBOX_HOST_CALL_MB)",
+            reach.config.call_bytes >> 20
+        );
+        match id {
+            Some(id) => tool_failure(id, "budget_exceeded", &message),
+            None => failure(&Failure::new("budget", message)),
+        }
     }
 }
 
@@ -318,11 +307,7 @@ fn tool_answer(id: &Value, fields: Value) -> Vec<u8> {
 }
 
 fn tool_failure(id: &Value, kind: &str, message: &str) -> Vec<u8> {
-    let mut message = message.to_string();
-    if let Some((at, _)) = message.char_indices().nth(MESSAGE_CHARS * 2) {
-        message.truncate(at);
-        message.push_str("...");
-    }
+    let message = cut(message, MESSAGE_CHARS * 2);
     serde_json::to_vec(&json!({
         "v": 1, "id": id, "ok": false, "error": { "kind": kind, "message": message }
     }))
@@ -340,12 +325,7 @@ fn answer<T: Serialize>(head: &T, body: &[u8]) -> Vec<u8> {
 const MESSAGE_CHARS: usize = 1000;
 
 fn failure(f: &Failure) -> Vec<u8> {
-    let mut message = f.message.clone();
-    if let Some((at, _)) = message.char_indices().nth(MESSAGE_CHARS) {
-        message.truncate(at);
-        message.push_str("...");
-    }
-    let f = Failure::new(f.kind, message);
+    let f = Failure::new(f.kind, cut(&f.message, MESSAGE_CHARS));
     answer(&serde_json::json!({ "error": f }), &[])
 }
 

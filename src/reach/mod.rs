@@ -130,12 +130,40 @@ impl Reach {
 
     /// This reach for one caller: code mode only for the local user (over stdio; an HTTP
     /// token's code never reaches the person's own MCP servers), with who to ask for consent.
-    pub fn for_caller(&self, local: bool, consent: Option<Arc<dyn tools::Consent>>) -> Self {
-        Self {
+    pub fn for_caller(
+        self: Arc<Self>,
+        local: bool,
+        consent: Option<Arc<dyn tools::Consent>>,
+    ) -> Arc<Self> {
+        if consent.is_none() && (local || self.tools.is_none()) && self.consent.is_none() {
+            return self;
+        }
+        Arc::new(Self {
             tools: self.tools.clone().filter(|_| local),
             consent,
+            ..(*self).clone()
+        })
+    }
+
+    /// This reach inside a sandbox created with `allow_hosts` (each within the server's list):
+    /// the hosts both allow; the caller's code tools and consent stay.
+    pub fn within_sandbox<S: AsRef<str>>(&self, allow_hosts: &[S]) -> Result<Self, String> {
+        let server = Self {
+            hosts: self.config.hosts.clone(),
+            narrowed: false,
             ..self.clone()
+        };
+        let theirs = server.narrowed(allow_hosts)?;
+        if !self.narrowed {
+            return Ok(theirs);
         }
+        theirs.narrowed(&self.hosts.items()).map_err(|e| {
+            let list: Vec<&str> = allow_hosts.iter().map(AsRef::as_ref).collect();
+            format!(
+                "{e} (within this sandbox's allow_hosts: {})",
+                list.join(",")
+            )
+        })
     }
 
     /// This reach with its hosts narrowed to `allow_hosts`, each of which must be within the

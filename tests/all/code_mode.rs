@@ -153,13 +153,7 @@ fn env_for(path: &std::path::Path) -> Vec<(String, String)> {
 
 async fn run(c: &RunningServiceAny, language: &str, code: &str, timeout: u64) -> Value {
     let args = json!({"code": code, "language": language, "timeout": timeout});
-    let Value::Object(args) = args else {
-        unreachable!()
-    };
-    let r = c
-        .call_tool(rmcp::model::CallToolRequestParams::new("execute_code").with_arguments(args))
-        .await
-        .unwrap();
+    let r = call(c, "execute_code", args).await;
     assert_ne!(r.is_error, Some(true), "{:?}", r.content);
     object(&r)
 }
@@ -199,11 +193,7 @@ async fn code_calls_allowed_tools_and_asks_before_destructive_ones() {
     let (c, asked) = connect(&env, true, ProtocolVersion::V_2025_11_25).await;
 
     // list_code_tools: compact signatures, the hidden writer, the server that failed.
-    let r = c
-        .call_tool(rmcp::model::CallToolRequestParams::new("list_code_tools"))
-        .await
-        .unwrap();
-    let list = object(&r);
+    let list = object(&call(&c, "list_code_tools", json!({})).await);
     let sigs: Vec<&str> = list["tools"]
         .as_array()
         .unwrap()

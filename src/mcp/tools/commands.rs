@@ -271,7 +271,16 @@ impl WasmboxServer {
         let timeout = Some(a.timeout.unwrap_or(timeout));
         let language = local.language.as_str();
         let req = self
-            .request(language, code, timeout, a.env.clone(), false, max)
+            .request(
+                crate::ExecOptions {
+                    language: language.into(),
+                    code,
+                    timeout_secs: timeout,
+                    env: a.env.clone().unwrap_or_default(),
+                    ..Default::default()
+                },
+                max,
+            )
             .map_err(|e| run_error("Command execution failed", e.to_string()))?;
         if background {
             let job = self

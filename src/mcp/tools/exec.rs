@@ -1,7 +1,6 @@
 //! Running code: `execute_code` and its per-mode aliases, and `execute_code_async`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::{tool, tool_router};
@@ -267,8 +266,18 @@ impl WasmboxServer {
         let max = self.wasmbox.config().max_timeout.as_secs_f64();
         let echo = a.echo.unwrap_or(false);
         let req = self
-            .request(&a.language, a.code, a.timeout, a.env, echo, max)
-            .and_then(|r| self.reaching(r, a.allow_hosts.as_deref()))
+            .request(
+                ExecOptions {
+                    language: a.language.clone(),
+                    code: a.code,
+                    timeout_secs: a.timeout,
+                    env: a.env.unwrap_or_default(),
+                    echo,
+                    allow_hosts: a.allow_hosts,
+                    ..Default::default()
+                },
+                max,
+            )
             .map_err(fail)?;
         let r = self
             .wasmbox
@@ -396,7 +405,17 @@ impl WasmboxServer {
         };
         let fail = |e: Error| exec_error("async", &e, Some(&a.language));
         let req = self
-            .request(&a.language, a.code, a.timeout, a.env, false, max)
+            .request(
+                ExecOptions {
+                    language: a.language.clone(),
+                    code: a.code,
+                    timeout_secs: a.timeout,
+                    env: a.env.unwrap_or_default(),
+                    echo: false,
+                    ..Default::default()
+                },
+                max,
+            )
             .map_err(fail)?;
         let id = self
             .wasmbox
@@ -421,58 +440,32 @@ impl WasmboxServer {
 }
 
 impl WasmboxServer {
-    /// Validates an execution's arguments; `max_timeout` in seconds.
+    /// Validates an execution's arguments as this call's (its cancellation, progress, owner
+    /// and who to ask for consent); `max_timeout` in seconds.
     pub(super) fn request(
         &self,
-        language: &str,
-        code: String,
-        timeout: Option<f64>,
-        env: Env,
-        echo: bool,
+        opts: ExecOptions,
         max_timeout: f64,
     ) -> Result<crate::ExecRequest, Error> {
         // The library checks against its own maximum; background jobs may run longer.
         let lib_max = self.wasmbox.config().max_timeout.as_secs_f64();
-        let long = timeout.filter(|t| *t > lib_max && *t <= max_timeout);
+        let long = opts
+            .timeout_secs
+            .filter(|t| *t > lib_max && *t <= max_timeout);
         let mut req = self.wasmbox.request(ExecOptions {
-            language: language.to_string(),
-            code,
-            env: env.unwrap_or_default(),
-            timeout_secs: if long.is_some() { None } else { timeout },
-            memory_mb: None,
-            echo,
+            timeout_secs: if long.is_some() {
+                None
+            } else {
+                opts.timeout_secs
+            },
             cancel: call_cancel(),
             progress: crate::mcp::progress::call_progress(),
             owner: Some(self.owner.clone()),
-            allow_hosts: None,
+            consent: crate::mcp::consent::call_consent(),
+            ..opts
         })?;
         if let Some(t) = long {
             req.timeout = Duration::from_secs_f64(t);
-        }
-        Ok(self.for_caller(req))
-    }
-
-    /// `req` with what this caller's code may reach beyond the network: the person's MCP tools
-    /// (the local user's only) and this call's client to ask before a destructive one.
-    pub(super) fn for_caller(&self, mut req: crate::ExecRequest) -> crate::ExecRequest {
-        if let Some(r) = &req.reach {
-            let local = *self.owner == *crate::sandbox::LOCAL_OWNER;
-            req.reach = Some(Arc::new(
-                r.for_caller(local, crate::mcp::consent::call_consent()),
-            ));
-        }
-        req
-    }
-
-    /// `req` with its hosts narrowed to the call's `allow_hosts`, when it gives them.
-    pub(super) fn reaching(
-        &self,
-        mut req: crate::ExecRequest,
-        allow_hosts: Option<&[String]>,
-    ) -> Result<crate::ExecRequest, Error> {
-        if let Some(hosts) = allow_hosts {
-            req.reach = Some(self.wasmbox.reach_for(Some(hosts))?);
-            req = self.for_caller(req);
         }
         Ok(req)
     }
@@ -505,14 +498,17 @@ impl WasmboxServer {
             let timeout = Some(a.timeout.unwrap_or(BACKGROUND_TIMEOUT));
             let req = self
                 .request(
-                    &a.language,
-                    a.code,
-                    timeout,
-                    a.env,
-                    false,
+                    ExecOptions {
+                        language: a.language.clone(),
+                        code: a.code,
+                        timeout_secs: timeout,
+                        env: a.env.unwrap_or_default(),
+                        echo: false,
+                        allow_hosts: a.allow_hosts,
+                        ..Default::default()
+                    },
                     BACKGROUND_MAX_TIMEOUT,
                 )
-                .and_then(|r| self.reaching(r, a.allow_hosts.as_deref()))
                 .map_err(fail)?;
             let language = req.language;
             let job = self
@@ -539,8 +535,18 @@ impl WasmboxServer {
         let max = self.wasmbox.config().max_timeout.as_secs_f64();
         let echo = a.echo.unwrap_or(true);
         let req = self
-            .request(&a.language, a.code, a.timeout, a.env, echo, max)
-            .and_then(|r| self.reaching(r, a.allow_hosts.as_deref()))
+            .request(
+                ExecOptions {
+                    language: a.language.clone(),
+                    code: a.code,
+                    timeout_secs: a.timeout,
+                    env: a.env.unwrap_or_default(),
+                    echo,
+                    allow_hosts: a.allow_hosts,
+                    ..Default::default()
+                },
+                max,
+            )
             .map_err(fail)?;
         let rich = mode == Mode::Rich;
         let r = self
@@ -554,21 +560,20 @@ impl WasmboxServer {
     async fn one_shot(&self, o: OneShot) -> Result<Json<ExecReply>, ToolError> {
         let provided = o.language.clone();
         let fail = |e: Error| exec_error("isolated", &e, Some(&provided));
+        let lib_max = self.wasmbox.config().max_timeout.as_secs_f64();
         let req = self
-            .wasmbox
-            .request(ExecOptions {
-                language: o.language,
-                code: o.code,
-                env: o.env,
-                timeout_secs: o.timeout,
-                memory_mb: None,
-                echo: o.echo.unwrap_or(false),
-                cancel: call_cancel(),
-                progress: crate::mcp::progress::call_progress(),
-                owner: Some(self.owner.clone()),
-                allow_hosts: o.allow_hosts,
-            })
-            .map(|r| self.for_caller(r))
+            .request(
+                ExecOptions {
+                    language: o.language,
+                    code: o.code,
+                    env: o.env,
+                    timeout_secs: o.timeout,
+                    echo: o.echo.unwrap_or(false),
+                    allow_hosts: o.allow_hosts,
+                    ..Default::default()
+                },
+                lib_max,
+            )
             .map_err(fail)?;
         let r = self
             .wasmbox

@@ -74,15 +74,7 @@ pub async fn connect(spec: &ServerSpec, max_message: usize) -> Result<Link, Stri
                 over: too_big.clone(),
             };
             let transport = AsyncRwTransport::<RoleClient, _, _>::new(reader, stdin);
-            let client =
-                ().serve(transport)
-                    .await
-                    .map_err(|e| format!("the MCP handshake failed: {e}"))?;
-            Ok(Link {
-                client,
-                _child: Some(child),
-                too_big,
-            })
+            handshake(transport, Some(child), too_big).await
         }
         Transport::Http { url, headers } => {
             // rmcp's client is built on reqwest 0.13 without a crypto library of its own.
@@ -108,17 +100,26 @@ pub async fn connect(spec: &ServerSpec, max_message: usize) -> Result<Link, Stri
             }
             let transport =
                 StreamableHttpClientTransport::from_config(config.custom_headers(custom));
-            let client =
-                ().serve(transport)
-                    .await
-                    .map_err(|e| format!("the MCP handshake failed: {e}"))?;
-            Ok(Link {
-                client,
-                _child: None,
-                too_big,
-            })
+            handshake(transport, None, too_big).await
         }
     }
+}
+
+async fn handshake<T, E, A>(
+    transport: T,
+    child: Option<tokio::process::Child>,
+    too_big: Arc<AtomicBool>,
+) -> Result<Link, String>
+where
+    T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let client = ().serve(transport).await.map_err(|e| format!("the MCP handshake failed: {e}"))?;
+    Ok(Link {
+        client,
+        _child: child,
+        too_big,
+    })
 }
 
 impl Link {

@@ -34,6 +34,12 @@ pub trait Consent: Send + Sync {
     fn ask(&self, message: String) -> Pin<Box<dyn Future<Output = Result<bool, String>> + Send>>;
 }
 
+impl std::fmt::Debug for dyn Consent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Consent")
+    }
+}
+
 /// Why a call failed, in the guest protocol's kinds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fail {
@@ -521,7 +527,8 @@ fn value_of(r: &CallToolResult) -> Value {
     }
 }
 
-fn cut(s: &str, chars: usize) -> String {
+/// `s` cut to `chars` characters, marked when cut.
+pub(crate) fn cut(s: &str, chars: usize) -> String {
     match s.char_indices().nth(chars) {
         Some((at, _)) => format!("{}...", &s[..at]),
         None => s.to_string(),

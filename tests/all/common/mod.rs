@@ -46,8 +46,12 @@ pub async fn server() -> Client {
     server_with_env(&[]).await
 }
 
-/// Calls a tool with JSON arguments.
-pub async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+/// Calls a tool with JSON arguments (from any client: some tests answer the server's requests).
+pub async fn call<H: rmcp::ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    tool: &str,
+    args: Value,
+) -> CallToolResult {
     let Value::Object(args) = args else {
         panic!("arguments must be a JSON object")
     };
