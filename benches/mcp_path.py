@@ -9,7 +9,9 @@ WASMBOX_BENCH_P50), and the overheads: a call's p50 less ping's p50 less the lib
 Run with benches/mcp_path.sh (it builds first); or directly:
   python benches/mcp_path.py path/to/wasmbox [rounds] [path/to/baseline-wasmbox]
 With a baseline binary, both servers run at once and each call goes to one and then the other,
-so the A/B ratios come from the same sitting.
+so the A/B ratios come from the same sitting. With `replay` as the baseline, the second server is
+benches/replay_server.py in front of the same binary: wasmbox's own answers at no server cost,
+so its calls over its ping are the client's own work for those answers.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ def p50(xs: list[float]) -> float:
     return statistics.median(xs) * 1e3
 
 
-def library_p50(calls: int) -> float | None:
-    """The pool-hit p50 (ms) of `print(1+1)` through `Wasmbox::execute`, from the oneshot bench."""
+def library_p50(calls: int) -> dict[str, float] | None:
+    """The pool-hit p50s (ms) of `print(1+1)` through `Wasmbox::execute`, from the oneshot bench:
+    back to back, and after 20 ms idle (the rhythm's own floor: caches and CPUs gone cold)."""
     try:
         out = subprocess.run(
             ["cargo", "bench", "-q", "--bench", "oneshot"],
@@ -44,7 +47,7 @@ def library_p50(calls: int) -> float | None:
         return None
     for d in map(json.loads, out.splitlines()):
         if d["code"] == "print(1+1)":
-            return d["execute_p50_ms"]
+            return {"back to back": d["execute_p50_ms"], "20 ms apart": d["execute_idle_p50_ms"]}
     return None
 
 
@@ -71,7 +74,12 @@ class Server:
 
 async def open_server(stack: contextlib.AsyncExitStack, binary: str) -> Server:
     env = {k: v for k, v in os.environ.items() if k.startswith("WASMBOX_") or k in ("HOME", "PATH")}
-    params = StdioServerParameters(command=binary, args=["serve"], env=env)
+    if binary.startswith("replay:"):
+        here = os.path.dirname(os.path.abspath(__file__))
+        args = [os.path.join(here, "replay_server.py"), binary.removeprefix("replay:")]
+        params = StdioServerParameters(command=sys.executable, args=args, env=env)
+    else:
+        params = StdioServerParameters(command=binary, args=["serve"], env=env)
     r, w = await stack.enter_async_context(stdio_client(params))
     s = await stack.enter_async_context(ClientSession(r, w))
     await s.initialize()
@@ -113,14 +121,14 @@ async def measure(binaries: list[str], rounds: int) -> list[dict[str, dict[str, 
 CALLS = ("ping", "health", "one-shot", "turn", "health*", "one-shot*")
 
 
-def report(label: str, out: dict[str, dict[str, list[float]]], rounds: int, lib: float | None) -> None:
+def report(label: str, out: dict[str, dict[str, list[float]]], rounds: int, lib: dict[str, float] | None) -> None:
     print(f"{label}: {'call':<10} {'20 ms apart p50':>16} {'back to back p50':>17}  (official MCP SDK, stdio, {rounds} rounds)")
     for name in CALLS:
         print(f"{label}: {name:<10} {p50(out['20 ms apart'][name]):>13.3f} ms {p50(out['back to back'][name]):>14.3f} ms")
     if lib is not None:
         for rhythm in ("20 ms apart", "back to back"):
             t = out[rhythm]
-            floor = p50(t["ping"]) + lib
+            floor = p50(t["ping"]) + lib[rhythm]
             print(f"{label}: over ping + library, {rhythm}: one-shot {p50(t['one-shot']) - floor:+.3f} ms, "
                   f"turn {p50(t['turn']) - floor:+.3f} ms; health over ping {p50(t['health']) - p50(t['ping']):+.3f} ms")
 
@@ -128,13 +136,14 @@ def report(label: str, out: dict[str, dict[str, list[float]]], rounds: int, lib:
 def main() -> int:
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/release/wasmbox"
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 200
-    binaries = [binary] + sys.argv[3:4]
+    binaries = [binary] + [f"replay:{binary}" if b == "replay" else b for b in sys.argv[3:4]]
     outs = asyncio.run(measure(binaries, rounds))
     lib = library_p50(100)
     print("* without the SDK's own check of the result against the tool's output schema (client work)")
     if lib is not None:
-        print(f"library: {lib:.3f} ms (pool-hit print(1+1) through Wasmbox::execute)")
-    labels = ["this"] if len(outs) == 1 else ["this", "base"]
+        print(f"library: {lib['back to back']:.3f} ms back to back, {lib['20 ms apart']:.3f} ms after 20 ms idle "
+              "(pool-hit print(1+1) through Wasmbox::execute)")
+    labels = ["this"] if len(outs) == 1 else ["this", "replay" if binaries[1].startswith("replay:") else "base"]
     for label, out in zip(labels, outs):
         report(label, out, rounds, lib)
     if len(outs) == 2:

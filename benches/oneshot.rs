@@ -546,6 +546,75 @@ fn code_mode(c: &mut Criterion) {
     g.finish();
 }
 
+/// The MCP path without the Python SDK's own costs: `wasmbox serve` driven over stdio by rmcp's
+/// client (ping, `health`, a one-shot), beside the library's pool-hit one-shot, back to back and
+/// with 20 ms idle before each call (an assistant's rhythm). A call over MCP less ping less the
+/// library is what the server's path adds.
+fn mcp_path(c: &mut Criterion) {
+    use rmcp::ServiceExt;
+    use rmcp::model::{CallToolRequestParams, ClientRequest, PingRequest};
+    use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+    let bin = env!("CARGO_BIN_EXE_wasmbox");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox(4, &rt);
+    let py = rt.block_on(wb.python()).unwrap();
+    let client = rt.block_on(async {
+        let t = TokioChildProcess::new(tokio::process::Command::new(bin).configure(|cmd| {
+            cmd.arg("serve").env("WASMBOX_DATA", "none");
+        }))
+        .unwrap();
+        ().serve(t).await.unwrap()
+    });
+    let args = serde_json::json!({"code": "print(1+1)"});
+    let oneshot = || {
+        let r = rt
+            .block_on(client.call_tool(
+                CallToolRequestParams::new("execute_code")
+                    .with_arguments(args.as_object().unwrap().clone()),
+            ))
+            .unwrap();
+        assert_ne!(r.is_error, Some(true));
+    };
+    let ping = || {
+        rt.block_on(client.send_request(ClientRequest::PingRequest(PingRequest::default())))
+            .unwrap();
+    };
+    let health = || {
+        rt.block_on(client.call_tool(CallToolRequestParams::new("health")))
+            .unwrap();
+    };
+    let o = opts("python", "print(1+1)");
+    for _ in 0..20 {
+        oneshot();
+    }
+    let mut g = c.benchmark_group("mcp_path");
+    g.sample_size(30);
+    for (rhythm, idle) in [
+        ("", Duration::ZERO),
+        ("_2ms", Duration::from_millis(2)),
+        ("_idle", Duration::from_millis(20)),
+    ] {
+        let timed = |one: &dyn Fn(), n: u64| {
+            let mut total = Duration::ZERO;
+            for _ in 0..n {
+                py.wait_pool_full(Duration::from_secs(30));
+                std::thread::sleep(idle);
+                let t = Instant::now();
+                one();
+                total += t.elapsed();
+            }
+            total
+        };
+        g.bench_function(format!("ping{rhythm}"), |b| b.iter_custom(|n| timed(&ping, n)));
+        g.bench_function(format!("health{rhythm}"), |b| b.iter_custom(|n| timed(&health, n)));
+        g.bench_function(format!("oneshot{rhythm}"), |b| b.iter_custom(|n| timed(&oneshot, n)));
+        g.bench_function(format!("library{rhythm}"), |b| {
+            b.iter_custom(|n| timed(&|| run(&wb, &rt, &o), n))
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     pool_hit,
@@ -556,7 +625,8 @@ criterion_group!(
     sandbox,
     durable,
     reach,
-    code_mode
+    code_mode,
+    mcp_path
 );
 
 /// For `benches/compare.py` (`WASMBOX_BENCH_P50=<calls>`): p50 and p90 of pool-hit Python
@@ -573,10 +643,14 @@ fn p50_report(calls: usize) {
         for _ in 0..3 {
             run(&wb, &rt, &o);
         }
-        let (mut execute, mut blocking) = (Vec::new(), Vec::new());
+        let (mut execute, mut blocking, mut idle) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..calls {
             each_on_a_full_pool(&py, 1, &mut execute, || run(&wb, &rt, &o));
             each_on_a_full_pool(&py, 1, &mut blocking, || run_blocking(&py, &req));
+            // An assistant's rhythm: the process has gone idle for 20 ms before the call.
+            py.wait_pool_full(Duration::from_secs(30));
+            std::thread::sleep(Duration::from_millis(20));
+            each_on_a_full_pool(&py, 1, &mut idle, || run(&wb, &rt, &o));
         }
         println!(
             "{}",
@@ -585,6 +659,7 @@ fn p50_report(calls: usize) {
                 "code": code,
                 "execute_p50_ms": quantile_ms(&mut execute, 0.5),
                 "execute_p90_ms": quantile_ms(&mut execute, 0.9),
+                "execute_idle_p50_ms": quantile_ms(&mut idle, 0.5),
                 "blocking_p50_ms": quantile_ms(&mut blocking, 0.5),
                 "blocking_p90_ms": quantile_ms(&mut blocking, 0.9),
             })
