@@ -568,10 +568,12 @@ fn mcp_path(c: &mut Criterion) {
     let args = serde_json::json!({"code": "print(1+1)"});
     let oneshot = || {
         let r = rt
-            .block_on(client.call_tool(
-                CallToolRequestParams::new("execute_code")
-                    .with_arguments(args.as_object().unwrap().clone()),
-            ))
+            .block_on(
+                client.call_tool(
+                    CallToolRequestParams::new("execute_code")
+                        .with_arguments(args.as_object().unwrap().clone()),
+                ),
+            )
             .unwrap();
         assert_ne!(r.is_error, Some(true));
     };
@@ -605,9 +607,15 @@ fn mcp_path(c: &mut Criterion) {
             }
             total
         };
-        g.bench_function(format!("ping{rhythm}"), |b| b.iter_custom(|n| timed(&ping, n)));
-        g.bench_function(format!("health{rhythm}"), |b| b.iter_custom(|n| timed(&health, n)));
-        g.bench_function(format!("oneshot{rhythm}"), |b| b.iter_custom(|n| timed(&oneshot, n)));
+        g.bench_function(format!("ping{rhythm}"), |b| {
+            b.iter_custom(|n| timed(&ping, n))
+        });
+        g.bench_function(format!("health{rhythm}"), |b| {
+            b.iter_custom(|n| timed(&health, n))
+        });
+        g.bench_function(format!("oneshot{rhythm}"), |b| {
+            b.iter_custom(|n| timed(&oneshot, n))
+        });
         g.bench_function(format!("library{rhythm}"), |b| {
             b.iter_custom(|n| timed(&|| run(&wb, &rt, &o), n))
         });
