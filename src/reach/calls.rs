@@ -130,7 +130,7 @@ impl HostCalls {
             )));
         }
         if frame.len() > self.bytes_left {
-            return Started::Now(self.over_bytes(&reach, None));
+            return Started::Now(self.over_bytes(None));
         }
         self.calls_left -= 1;
         self.bytes_left -= frame.len();
@@ -229,7 +229,7 @@ impl HostCalls {
             ));
         }
         if frame.len() > self.bytes_left {
-            return Started::Now(self.over_bytes(&reach, Some(&id)));
+            return Started::Now(self.over_bytes(Some(&id)));
         }
         self.calls_left -= 1;
         self.bytes_left -= frame.len();
@@ -265,17 +265,16 @@ impl HostCalls {
             }
             None => {
                 self.bytes_left = 0;
-                let reach = self.reach.clone().expect("a call was started");
-                self.over_bytes(&reach, id)
+                self.over_bytes(id)
             }
         }
     }
 
     /// The budget's refusal, in the protocol of the call that met it (tools frames carry an id).
-    fn over_bytes(&self, reach: &Reach, id: Option<&Value>) -> Vec<u8> {
+    fn over_bytes(&self, id: Option<&Value>) -> Vec<u8> {
+        let mib = self.reach.as_ref().map_or(0, |r| r.config.call_bytes >> 20);
         let message = format!(
-            "this run's host calls have moved all the bytes they may ({} MiB; WASMBOX_HOST_CALL_MB)",
-            reach.config.call_bytes >> 20
+            "this run's host calls have moved all the bytes they may ({mib} MiB; WASMBOX_HOST_CALL_MB)"
         );
         match id {
             Some(id) => tool_failure(id, "budget_exceeded", &message),

@@ -272,13 +272,7 @@ impl WasmboxServer {
         let language = local.language.as_str();
         let req = self
             .request(
-                crate::ExecOptions {
-                    language: language.into(),
-                    code,
-                    timeout_secs: timeout,
-                    env: a.env.clone().unwrap_or_default(),
-                    ..Default::default()
-                },
+                super::exec::code_options(language, code, timeout, a.env.clone(), false, None),
                 max,
             )
             .map_err(|e| run_error("Command execution failed", e.to_string()))?;

@@ -267,15 +267,7 @@ impl WasmboxServer {
         let echo = a.echo.unwrap_or(false);
         let req = self
             .request(
-                ExecOptions {
-                    language: a.language.clone(),
-                    code: a.code,
-                    timeout_secs: a.timeout,
-                    env: a.env.unwrap_or_default(),
-                    echo,
-                    allow_hosts: a.allow_hosts,
-                    ..Default::default()
-                },
+                code_options(&a.language, a.code, a.timeout, a.env, echo, a.allow_hosts),
                 max,
             )
             .map_err(fail)?;
@@ -406,14 +398,7 @@ impl WasmboxServer {
         let fail = |e: Error| exec_error("async", &e, Some(&a.language));
         let req = self
             .request(
-                ExecOptions {
-                    language: a.language.clone(),
-                    code: a.code,
-                    timeout_secs: a.timeout,
-                    env: a.env.unwrap_or_default(),
-                    echo: false,
-                    ..Default::default()
-                },
+                code_options(&a.language, a.code, a.timeout, a.env, false, None),
                 max,
             )
             .map_err(fail)?;
@@ -436,6 +421,26 @@ impl WasmboxServer {
             message: Some("The result will be POSTed to callback_url when the execution ends (signed: X-Wasmbox-Signature).".into()),
             ..Default::default()
         }))
+    }
+}
+
+/// An execution's arguments as the library takes them.
+pub(super) fn code_options(
+    language: &str,
+    code: String,
+    timeout: Option<f64>,
+    env: Env,
+    echo: bool,
+    allow_hosts: Option<Vec<String>>,
+) -> ExecOptions {
+    ExecOptions {
+        language: language.into(),
+        code,
+        timeout_secs: timeout,
+        env: env.unwrap_or_default(),
+        echo,
+        allow_hosts,
+        ..Default::default()
     }
 }
 
@@ -498,15 +503,7 @@ impl WasmboxServer {
             let timeout = Some(a.timeout.unwrap_or(BACKGROUND_TIMEOUT));
             let req = self
                 .request(
-                    ExecOptions {
-                        language: a.language.clone(),
-                        code: a.code,
-                        timeout_secs: timeout,
-                        env: a.env.unwrap_or_default(),
-                        echo: false,
-                        allow_hosts: a.allow_hosts,
-                        ..Default::default()
-                    },
+                    code_options(&a.language, a.code, timeout, a.env, false, a.allow_hosts),
                     BACKGROUND_MAX_TIMEOUT,
                 )
                 .map_err(fail)?;
@@ -536,15 +533,7 @@ impl WasmboxServer {
         let echo = a.echo.unwrap_or(true);
         let req = self
             .request(
-                ExecOptions {
-                    language: a.language.clone(),
-                    code: a.code,
-                    timeout_secs: a.timeout,
-                    env: a.env.unwrap_or_default(),
-                    echo,
-                    allow_hosts: a.allow_hosts,
-                    ..Default::default()
-                },
+                code_options(&a.language, a.code, a.timeout, a.env, echo, a.allow_hosts),
                 max,
             )
             .map_err(fail)?;
