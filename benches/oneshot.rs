@@ -94,11 +94,26 @@ fn each_on_a_full_pool(
     pool: &impl Pooled,
     iters: u64,
     each: &mut Vec<Duration>,
+    one: impl FnMut(),
+) -> Duration {
+    each_after_idle(pool, iters, Duration::ZERO, each, one)
+}
+
+/// As [`each_on_a_full_pool`], with the process idle for `idle` before each call (an
+/// assistant's rhythm: caches and the other CPUs have gone cold).
+fn each_after_idle(
+    pool: &impl Pooled,
+    iters: u64,
+    idle: Duration,
+    each: &mut Vec<Duration>,
     mut one: impl FnMut(),
 ) -> Duration {
     let mut total = Duration::ZERO;
     for _ in 0..iters {
         pool.wait_pool_full(Duration::from_secs(30));
+        if !idle.is_zero() {
+            std::thread::sleep(idle);
+        }
         let t = Instant::now();
         one();
         let took = t.elapsed();
@@ -596,17 +611,7 @@ fn mcp_path(c: &mut Criterion) {
         ("_2ms", Duration::from_millis(2)),
         ("_idle", Duration::from_millis(20)),
     ] {
-        let timed = |one: &dyn Fn(), n: u64| {
-            let mut total = Duration::ZERO;
-            for _ in 0..n {
-                py.wait_pool_full(Duration::from_secs(30));
-                std::thread::sleep(idle);
-                let t = Instant::now();
-                one();
-                total += t.elapsed();
-            }
-            total
-        };
+        let timed = |one: &dyn Fn(), n: u64| each_after_idle(&py, n, idle, &mut Vec::new(), one);
         g.bench_function(format!("ping{rhythm}"), |b| {
             b.iter_custom(|n| timed(&ping, n))
         });
@@ -655,10 +660,8 @@ fn p50_report(calls: usize) {
         for _ in 0..calls {
             each_on_a_full_pool(&py, 1, &mut execute, || run(&wb, &rt, &o));
             each_on_a_full_pool(&py, 1, &mut blocking, || run_blocking(&py, &req));
-            // An assistant's rhythm: the process has gone idle for 20 ms before the call.
-            py.wait_pool_full(Duration::from_secs(30));
-            std::thread::sleep(Duration::from_millis(20));
-            each_on_a_full_pool(&py, 1, &mut idle, || run(&wb, &rt, &o));
+            let twenty = Duration::from_millis(20);
+            each_after_idle(&py, 1, twenty, &mut idle, || run(&wb, &rt, &o));
         }
         println!(
             "{}",

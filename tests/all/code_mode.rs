@@ -210,19 +210,17 @@ async fn code_calls_allowed_tools_and_asks_before_destructive_ones() {
         "{sigs:?}"
     );
     assert!(sigs.iter().any(|s| s.starts_with("wb.health(")), "{sigs:?}");
-    let broken = list["servers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "broken")
-        .unwrap();
+    let server = |name: &str| {
+        list["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no server {name} in {list}"))
+    };
+    let broken = server("broken");
     assert_eq!(broken["state"], "failed");
-    let hangs = list["servers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "hangs")
-        .unwrap();
+    let hangs = server("hangs");
     assert!(
         hangs["error"].as_str().unwrap().contains("still starting"),
         "{hangs}"
