@@ -31,6 +31,11 @@ struct Cli {
     /// internet access and cloud-only templates then fail with an error.
     #[arg(long, global = true)]
     offline: bool,
+    /// Lend a host folder to every sandbox: HOST_DIR:GUEST_PATH[:ro|rw], the guest path /data,
+    /// /mnt or one folder below them; read-only unless `rw`. Repeatable; WASMBOX_MOUNTS takes
+    /// the same, comma-separated.
+    #[arg(long = "mount", global = true, value_name = "HOST:GUEST[:ro|rw]")]
+    mounts: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -134,6 +139,23 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     {
         config.reach.mcp_config = Some(path.clone());
     }
+    let mut mounts = Vec::new();
+    if let Ok(v) = std::env::var("WASMBOX_MOUNTS") {
+        for spec in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            mounts.push(
+                wasmbox::lang::mounts::Mount::parse(spec, "WASMBOX_MOUNTS")
+                    .map_err(anyhow::Error::msg)?,
+            );
+        }
+    }
+    for spec in &cli.mounts {
+        mounts.push(
+            wasmbox::lang::mounts::Mount::parse(spec, "--mount").map_err(anyhow::Error::msg)?,
+        );
+    }
+    let layout = wasmbox::lang::mounts::Layout::new(mounts, "WASMBOX_MOUNTS/--mount")
+        .map_err(anyhow::Error::msg)?;
+    wasmbox::lang::mounts::set_server_layout(layout).map_err(anyhow::Error::msg)?;
     let wasmbox = Wasmbox::new(config)?;
     match cli.command {
         Command::Serve { http: None, .. } => {

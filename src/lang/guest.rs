@@ -20,6 +20,9 @@ use crate::engine::limits::{CappedOutput, Captured, LimitHit, MemoryLimiter, Sto
 
 pub const WORKSPACE_GUEST: &str = "/workspace";
 pub const TMP_GUEST: &str = "/tmp";
+/// Where host folders appear: preopened in every guest after `/tmp`, in this order, so that the
+/// images' baked preopen tables know them (an empty read-only directory when nothing is lent).
+pub const MOUNT_SLOTS: [&str; 2] = ["/data", "/mnt"];
 
 /// Output cap of a guest no request has taken yet (its warm-up output is discarded).
 const UNARMED_OUTPUT_CAP: usize = 1 << 20;
@@ -42,6 +45,16 @@ pub struct GuestState {
     pub(super) calls: crate::reach::calls::HostCalls,
     /// A host call's answer waiting for `wasmbox.take` (the door's two-step form).
     pub(super) held: Option<Vec<u8>>,
+    /// Where path calls on the mount slots go (see [`super::mounts`]).
+    pub(super) reroutes: super::mounts::Reroutes,
+}
+
+fn perms(writable: bool) -> FsPerms {
+    if writable {
+        FsPerms::ReadWrite
+    } else {
+        FsPerms::ReadOnly
+    }
 }
 
 /// A linker with WASI preview 1 (its waits interruptible), the only host interface guests get.
@@ -139,6 +152,31 @@ impl Parts {
         wasi.preopened_dir(ws_dir, WORKSPACE_GUEST, FsPerms::ReadWrite)
             .and_then(|w| w.preopened_dir(tmp_dir, TMP_GUEST, FsPerms::ReadWrite))
             .map_err(engine_err)?;
+        // Descriptors are numbered from 3 in the order of the preopens.
+        let mut next_fd = 3 + spec.read_only.len() as u32 + 2;
+        let layout = super::mounts::server_layout();
+        let mut reroutes = super::mounts::Reroutes::default();
+        let mut below = Vec::new();
+        for (i, slot) in MOUNT_SLOTS.into_iter().enumerate() {
+            let (host, perms) = match layout.at_slot(slot) {
+                Some(m) => (m.host.clone(), perms(m.writable)),
+                None => {
+                    let subs: Vec<_> = layout.below(slot).collect();
+                    let names: Vec<&str> = subs.iter().map(|(n, _)| *n).collect();
+                    below.extend(subs.into_iter().map(|(n, m)| (i, n.to_string(), m.clone())));
+                    (super::mounts::slot_dir(slot, &names)?, FsPerms::ReadOnly)
+                }
+            };
+            wasi.preopened_dir(&host, slot, perms).map_err(engine_err)?;
+            reroutes.slots[i] = Some(next_fd);
+            next_fd += 1;
+        }
+        for (slot, name, m) in below {
+            wasi.preopened_dir(&m.host, &m.guest, perms(m.writable))
+                .map_err(engine_err)?;
+            reroutes.subs.push((slot, name.into_bytes(), next_fd));
+            next_fd += 1;
+        }
         Ok(Self {
             state: GuestState {
                 wasi: wasi.build_p1(),
@@ -150,6 +188,7 @@ impl Parts {
                 images: Default::default(),
                 calls: Default::default(),
                 held: None,
+                reroutes,
             },
             stdout,
             stderr,

@@ -252,7 +252,7 @@ fn init(store: &mut Store<GuestState>, instance: &Instance) -> wasmtime::Result<
 /// What determines the image's bytes: the module (our C entry and prelude are compiled in).
 pub fn image_key(module_sha: &str) -> String {
     let mut d = Sha256::new();
-    d.update(b"wasmbox-javascript-image-v1\0");
+    d.update(b"wasmbox-javascript-image-v2\0");
     d.update(snapshot::IMAGE_FORMAT.as_bytes());
     d.update(b"\0");
     d.update(module_sha.as_bytes());

@@ -9,6 +9,7 @@ pub mod guest;
 pub mod image_runtime;
 pub mod images;
 pub mod javascript;
+pub mod mounts;
 pub mod python;
 pub(crate) mod scratch;
 pub mod session;

@@ -58,6 +58,22 @@ impl Drop for Scratch {
     }
 }
 
+/// An empty directory that stays empty (guests get it read-only): what a mount slot shows when
+/// nothing is lent there.
+pub(crate) fn empty_dir() -> Result<&'static Path> {
+    static EMPTY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    if let Some(dir) = EMPTY.get() {
+        return Ok(dir);
+    }
+    let dir = scratch_root()?.join("empty");
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io(&dir, e)),
+    }
+    Ok(EMPTY.get_or_init(|| dir))
+}
+
 /// A fresh private directory, removed when dropped.
 fn scratch_dir(prefix: &str) -> Result<tempfile::TempDir> {
     let root = scratch_root()?;

@@ -158,48 +158,55 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
          inheriting: i64,
          fdflags: i32,
          opened: i32| {
-            let f = original::path_open(&mut c, &o)?;
-            let args = (
-                dirfd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened,
-            );
-            let Some((disk, mem)) = budgeted(&mut c) else {
-                return f.call(&mut c, args);
-            };
-            let _change = disk.change();
-            let (creat, trunc) = (oflags & OFLAGS_CREAT != 0, oflags & OFLAGS_TRUNC != 0);
-            let follow = dirflags & LOOKUP_SYMLINK_FOLLOW != 0;
-            let before = if creat || trunc {
-                path_stat(&mut c, mem, &o, dirfd, follow, path, path_len)?
-            } else {
-                None
-            };
-            let new_entry = creat && before.is_none();
-            let r = disk
-                .reserve(0, new_entry as u64)
-                .map_err(|over| c.data_mut().watch.disk_full(over))?;
-            let errno = f.call(&mut c, args)?;
-            if errno != ERRNO_SUCCESS {
-                r.settle(0, 0);
-                return Ok(errno);
-            }
-            let freed = match before {
-                Some(b) if trunc && b.filetype == FILETYPE_REGULAR => b.size,
-                _ => 0,
-            };
-            r.settle(-(freed as i64), new_entry as i64);
-            let fd = read_u32(&c, mem, opened);
-            if let Some(fd) = fd
-                && let Some(st) = fd_stat(&mut c, mem, &o, fd as i32)?
-                && st.filetype == FILETYPE_REGULAR
-            {
-                disk.opened(st.id);
-                c.data_mut().files.fds.insert(fd, (st.id, disk.clone()));
-            }
-            Ok(errno)
+            rerouted(
+                &mut c,
+                (dirfd, path, path_len),
+                |c, (dirfd, path, path_len)| {
+                    let f = original::path_open(c, &o)?;
+                    let args = (
+                        dirfd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened,
+                    );
+                    let Some((disk, mem)) = budgeted(c) else {
+                        return f.call(c, args);
+                    };
+                    let _change = disk.change();
+                    let (creat, trunc) = (oflags & OFLAGS_CREAT != 0, oflags & OFLAGS_TRUNC != 0);
+                    let follow = dirflags & LOOKUP_SYMLINK_FOLLOW != 0;
+                    let before = if creat || trunc {
+                        path_stat(c, mem, &o, dirfd, follow, path, path_len)?
+                    } else {
+                        None
+                    };
+                    let new_entry = creat && before.is_none();
+                    let r = disk
+                        .reserve(0, new_entry as u64)
+                        .map_err(|over| c.data_mut().watch.disk_full(over))?;
+                    let errno = f.call(&mut *c, args)?;
+                    if errno != ERRNO_SUCCESS {
+                        r.settle(0, 0);
+                        return Ok(errno);
+                    }
+                    let freed = match before {
+                        Some(b) if trunc && b.filetype == FILETYPE_REGULAR => b.size,
+                        _ => 0,
+                    };
+                    r.settle(-(freed as i64), new_entry as i64);
+                    let fd = read_u32(&c, mem, opened);
+                    if let Some(fd) = fd
+                        && let Some(st) = fd_stat(c, mem, &o, fd as i32)?
+                        && st.filetype == FILETYPE_REGULAR
+                    {
+                        disk.opened(st.id);
+                        c.data_mut().files.fds.insert(fd, (st.id, disk.clone()));
+                    }
+                    Ok(errno)
+                },
+            )
         }
     );
 
     shadow!(linker, lk, "fd_close", |c, o, fd: i32| {
+        c.data_mut().reroutes.forget(fd as u32);
         if let Some((id, disk)) = c.data_mut().files.fds.remove(&(fd as u32)) {
             disk.closed(id);
         }
@@ -209,6 +216,8 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
     shadow!(linker, lk, "fd_renumber", |c, o, from: i32, to: i32| {
         let errno = original::fd_renumber(&mut c, &o)?.call(&mut c, (from, to))?;
         if errno == ERRNO_SUCCESS && from != to {
+            c.data_mut().reroutes.forget(from as u32);
+            c.data_mut().reroutes.forget(to as u32);
             let files = &mut c.data_mut().files;
             if (0..=2).contains(&to) {
                 files.stdio_moved = true;
@@ -228,10 +237,16 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
         lk,
         "path_unlink_file",
         |c, o, dirfd: i32, path: i32, path_len: i32| {
-            let f = original::path_unlink_file(&mut c, &o)?;
-            removing(&mut c, &o, (dirfd, path, path_len), |c| {
-                f.call(c, (dirfd, path, path_len))
-            })
+            rerouted(
+                &mut c,
+                (dirfd, path, path_len),
+                |c, (dirfd, path, path_len)| {
+                    let f = original::path_unlink_file(c, &o)?;
+                    removing(c, &o, (dirfd, path, path_len), |c| {
+                        f.call(c, (dirfd, path, path_len))
+                    })
+                },
+            )
         }
     );
 
@@ -240,16 +255,22 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
         lk,
         "path_remove_directory",
         |c, o, dirfd: i32, path: i32, path_len: i32| {
-            let disk = c.data().watch.disk.clone();
-            let _change = disk.as_deref().map(DiskBudget::change);
-            let errno = original::path_remove_directory(&mut c, &o)?
-                .call(&mut c, (dirfd, path, path_len))?;
-            if errno == ERRNO_SUCCESS
-                && let Some(disk) = &disk
-            {
-                disk.changed(0, -1);
-            }
-            Ok(errno)
+            rerouted(
+                &mut c,
+                (dirfd, path, path_len),
+                |c, (dirfd, path, path_len)| {
+                    let disk = c.data().watch.disk.clone();
+                    let _change = disk.as_deref().map(DiskBudget::change);
+                    let errno = original::path_remove_directory(c, &o)?
+                        .call(&mut *c, (dirfd, path, path_len))?;
+                    if errno == ERRNO_SUCCESS
+                        && let Some(disk) = &disk
+                    {
+                        disk.changed(0, -1);
+                    }
+                    Ok(errno)
+                },
+            )
         }
     );
 
@@ -258,24 +279,28 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
         lk,
         "path_rename",
         |c, o, fd: i32, old: i32, old_len: i32, new_fd: i32, new: i32, new_len: i32| {
-            let f = original::path_rename(&mut c, &o)?;
-            let args = (fd, old, old_len, new_fd, new, new_len);
-            let Some((disk, mem)) = budgeted(&mut c) else {
-                return f.call(&mut c, args);
-            };
-            let _change = disk.change();
-            let from = path_stat(&mut c, mem, &o, fd, false, old, old_len)?;
-            let to = path_stat(&mut c, mem, &o, new_fd, false, new, new_len)?;
-            let errno = f.call(&mut c, args)?;
-            // A rename over another file removes the name it had; one onto the file itself
-            // (the same name, or another of its names) changes nothing.
-            if errno == ERRNO_SUCCESS
-                && let (Some(from), Some(to)) = (from, to)
-                && from.id != to.id
-            {
-                gone(&disk, to);
-            }
-            Ok(errno)
+            rerouted(&mut c, (fd, old, old_len), |c, (fd, old, old_len)| {
+                rerouted(c, (new_fd, new, new_len), |c, (new_fd, new, new_len)| {
+                    let f = original::path_rename(c, &o)?;
+                    let args = (fd, old, old_len, new_fd, new, new_len);
+                    let Some((disk, mem)) = budgeted(c) else {
+                        return f.call(c, args);
+                    };
+                    let _change = disk.change();
+                    let from = path_stat(c, mem, &o, fd, false, old, old_len)?;
+                    let to = path_stat(c, mem, &o, new_fd, false, new, new_len)?;
+                    let errno = f.call(&mut *c, args)?;
+                    // A rename over another file removes the name it had; one onto the file
+                    // itself (the same name, or another of its names) changes nothing.
+                    if errno == ERRNO_SUCCESS
+                        && let (Some(from), Some(to)) = (from, to)
+                        && from.id != to.id
+                    {
+                        gone(&disk, to);
+                    }
+                    Ok(errno)
+                })
+            })
         }
     );
 
@@ -284,8 +309,14 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
         lk,
         "path_create_directory",
         |c, o, dirfd: i32, path: i32, path_len: i32| {
-            let f = original::path_create_directory(&mut c, &o)?;
-            new_entry(&mut c, |c| f.call(c, (dirfd, path, path_len)))
+            rerouted(
+                &mut c,
+                (dirfd, path, path_len),
+                |c, (dirfd, path, path_len)| {
+                    let f = original::path_create_directory(c, &o)?;
+                    new_entry(c, |c| f.call(c, (dirfd, path, path_len)))
+                },
+            )
         }
     );
 
@@ -294,8 +325,10 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
         lk,
         "path_symlink",
         |c, o, old: i32, old_len: i32, dirfd: i32, new: i32, new_len: i32| {
-            let f = original::path_symlink(&mut c, &o)?;
-            new_entry(&mut c, |c| f.call(c, (old, old_len, dirfd, new, new_len)))
+            rerouted(&mut c, (dirfd, new, new_len), |c, (dirfd, new, new_len)| {
+                let f = original::path_symlink(c, &o)?;
+                new_entry(c, |c| f.call(c, (old, old_len, dirfd, new, new_len)))
+            })
         }
     );
 
@@ -312,10 +345,52 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
          new_fd: i32,
          new: i32,
          new_len: i32| {
-            let f = original::path_link(&mut c, &o)?;
-            let args = (old_fd, old_flags, old, old_len, new_fd, new, new_len);
-            // A new name of a file: an entry, and no bytes (a file's count once).
-            new_entry(&mut c, |c| f.call(c, args))
+            rerouted(
+                &mut c,
+                (old_fd, old, old_len),
+                |c, (old_fd, old, old_len)| {
+                    rerouted(c, (new_fd, new, new_len), |c, (new_fd, new, new_len)| {
+                        let f = original::path_link(c, &o)?;
+                        let args = (old_fd, old_flags, old, old_len, new_fd, new, new_len);
+                        // A new name of a file: an entry, and no bytes (a file's count once).
+                        new_entry(c, |c| f.call(c, args))
+                    })
+                },
+            )
+        }
+    );
+
+    shadow!(
+        linker,
+        lk,
+        "path_filestat_get",
+        |c, o, fd: i32, flags: i32, path: i32, path_len: i32, buf: i32| {
+            rerouted(&mut c, (fd, path, path_len), |c, (fd, path, path_len)| {
+                original::path_filestat_get(c, &o)?.call(c, (fd, flags, path, path_len, buf))
+            })
+        }
+    );
+
+    shadow!(
+        linker,
+        lk,
+        "path_filestat_set_times",
+        |c, o, fd: i32, flags: i32, path: i32, path_len: i32, atim: i64, mtim: i64, what: i32| {
+            rerouted(&mut c, (fd, path, path_len), |c, (fd, path, path_len)| {
+                original::path_filestat_set_times(c, &o)?
+                    .call(c, (fd, flags, path, path_len, atim, mtim, what))
+            })
+        }
+    );
+
+    shadow!(
+        linker,
+        lk,
+        "path_readlink",
+        |c, o, fd: i32, path: i32, path_len: i32, buf: i32, buf_len: i32, used: i32| {
+            rerouted(&mut c, (fd, path, path_len), |c, (fd, path, path_len)| {
+                original::path_readlink(c, &o)?.call(c, (fd, path, path_len, buf, buf_len, used))
+            })
         }
     );
 
@@ -390,6 +465,8 @@ originals! {
     path_create_directory(i32, i32, i32);
     path_symlink(i32, i32, i32, i32, i32);
     path_link(i32, i32, i32, i32, i32, i32, i32);
+    path_filestat_set_times(i32, i32, i32, i32, i64, i64, i32);
+    path_readlink(i32, i32, i32, i32, i32, i32);
 }
 
 /// A module with a memory of its own (4 pages) that exports each call [`Originals`] lists,
@@ -435,6 +512,46 @@ fn forwarders(c: &mut Caller<'_, GuestState>, h: &Hooks) -> wasmtime::Result<()>
     let originals = Originals::of(c, inst)?;
     c.data_mut().originals = originals;
     Ok(())
+}
+
+type PathArg = (i32, i32, i32);
+
+/// Runs a path call where it goes: on a mount slot, a path whose first component names a mount
+/// below it goes to the mount's descriptor with the rest of the path (see `lang::mounts`). A
+/// path that names the mount itself is given as `.`, written over the path's first byte for the
+/// call and put back after (a guest's calls never overlap).
+fn rerouted<R>(
+    c: &mut Caller<'_, GuestState>,
+    (fd, path, len): PathArg,
+    f: impl FnOnce(&mut Caller<'_, GuestState>, PathArg) -> wasmtime::Result<R>,
+) -> wasmtime::Result<R> {
+    if c.data().reroutes.subs.is_empty() {
+        return f(c, (fd, path, len));
+    }
+    let Some(Extern::Memory(mem)) = c.get_export("memory") else {
+        return f(c, (fd, path, len));
+    };
+    let (Ok(p), Ok(n), Ok(dir)) = (
+        usize::try_from(path),
+        usize::try_from(len),
+        u32::try_from(fd),
+    ) else {
+        return f(c, (fd, path, len));
+    };
+    let r = match mem.data(&*c).get(p..p.saturating_add(n)) {
+        Some(bytes) => c.data().reroutes.reroute(dir, bytes),
+        None => None,
+    };
+    let Some(r) = r else {
+        return f(c, (fd, path, len));
+    };
+    if !r.dot {
+        return f(c, (r.fd as i32, (p + r.skip) as i32, r.len as i32));
+    }
+    let saved = std::mem::replace(&mut mem.data_mut(&mut *c)[p], b'.');
+    let out = f(c, (r.fd as i32, path, 1));
+    mem.data_mut(&mut *c)[p] = saved;
+    out
 }
 
 /// `fd_write` on the captured stdout or stderr, straight into its buffer (no disk, and no need
