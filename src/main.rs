@@ -155,6 +155,13 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let layout = wasmbox::lang::mounts::Layout::new(mounts, "WASMBOX_MOUNTS/--mount")
         .map_err(anyhow::Error::msg)?;
+    // Lent folders are the local user's: an HTTP token's code must not see them (per-token
+    // mounts, WASMBOX_TOKEN_MOUNTS, are not built yet).
+    if !layout.mounts.is_empty() && matches!(cli.command, Command::Serve { http: Some(_), .. }) {
+        anyhow::bail!(
+            "WASMBOX_MOUNTS/--mount lend folders to the local user over stdio; serve --http does not take them"
+        );
+    }
     wasmbox::lang::mounts::set_server_layout(layout).map_err(anyhow::Error::msg)?;
     let wasmbox = Wasmbox::new(config)?;
     match cli.command {

@@ -23,6 +23,7 @@ mod load;
 mod mcp_layer;
 mod mcp_protocol;
 mod modules;
+mod mounts;
 mod progress;
 mod python_oneshot;
 mod python_pool;

@@ -1,0 +1,142 @@
+//! Host folders lent with WASMBOX_MOUNTS (#34), over MCP with rmcp's client: every language
+//! reads them at `/data/...` and `/mnt`, read-only mounts refuse every change, and nothing
+//! leads out of a mount.
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+async fn run(c: &Client, language: &str, code: &str, extra: Value) -> Value {
+    let mut args = json!({"code": code, "language": language});
+    args.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    object(&call(c, "execute_code", args).await)
+}
+
+fn lent() -> (tempfile::TempDir, tempfile::TempDir, String) {
+    let sales = tempfile::tempdir().unwrap();
+    std::fs::write(
+        sales.path().join("q.csv"),
+        "region,amount\nnorth,3\nsouth,4\n",
+    )
+    .unwrap();
+    std::fs::create_dir(sales.path().join("2026")).unwrap();
+    let notes = tempfile::tempdir().unwrap();
+    std::fs::write(notes.path().join("n.txt"), "lent").unwrap();
+    let mounts = format!(
+        "{}:/data/sales,{}:/mnt",
+        sales.path().display(),
+        notes.path().display()
+    );
+    (sales, notes, mounts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_language_reads_lent_folders() {
+    let (_sales, _notes, mounts) = lent();
+    let c = server_with_env(&[("WASMBOX_MOUNTS", &mounts)]).await;
+    let py = run(
+        &c,
+        "python",
+        "import os, pandas as pd\nprint(os.listdir('/data'), sorted(os.listdir('/data/sales')), open('/mnt/n.txt').read())\nprint(pd.read_csv('/data/sales/q.csv')['amount'].sum())",
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        py["stdout"], "['sales'] ['2026', 'q.csv'] lent\n7\n",
+        "{py}"
+    );
+    let js = run(
+        &c,
+        "javascript",
+        "const fs = require('fs'); console.log(fs.readFileSync('/data/sales/q.csv', 'utf8').split('\\n').length, fs.readdirSync('/data'))",
+        json!({}),
+    )
+    .await;
+    assert_eq!(js["stdout"], "4 [ 'sales' ]\n", "{js}");
+    let go = run(
+        &c,
+        "go",
+        "package main\nimport (\"fmt\"; \"os\")\nfunc main() { b, err := os.ReadFile(\"/data/sales/q.csv\"); fmt.Println(len(b), err) }",
+        json!({}),
+    )
+    .await;
+    assert_eq!(go["stdout"], "30 <nil>\n", "{go}");
+    // A sandbox sees them too.
+    let sb = object(&call(&c, "create_sandbox", json!({})).await)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = run(
+        &c,
+        "python",
+        "print(open('/data/sales/q.csv').readline().strip())",
+        json!({"sandbox_id": sb, "mode": "persistent"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "region,amount\n", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_mounts_refuse_changes_and_nothing_leads_out() {
+    let (sales, _notes, mounts) = lent();
+    std::os::unix::fs::symlink("/etc/passwd", sales.path().join("out")).unwrap();
+    std::os::unix::fs::symlink("/", sales.path().join("root")).unwrap();
+    let c = server_with_env(&[("WASMBOX_MOUNTS", &mounts)]).await;
+    let code = r#"
+import os
+tries = [
+    lambda: open('/data/sales/new', 'w'),
+    lambda: open('/data/sales/q.csv', 'a'),
+    lambda: os.rename('/data/sales/q.csv', '/data/sales/r.csv'),
+    lambda: os.rename('/data/sales/q.csv', '/workspace/q.csv'),
+    lambda: os.remove('/data/sales/q.csv'),
+    lambda: os.mkdir('/data/sales/d'),
+    lambda: os.rmdir('/data/sales/2026'),
+    lambda: os.symlink('/x', '/data/sales/l'),
+    lambda: os.link('/data/sales/q.csv', '/workspace/l'),
+    lambda: open('/data/sales/out').read(),
+    lambda: open('/data/sales/root/etc/passwd').read(),
+    lambda: open('/data/sales/../../etc/passwd').read(),
+    lambda: open('/mnt/../etc/passwd').read(),
+    lambda: os.listdir('/data/sales/root'),
+]
+for i, t in enumerate(tries):
+    try:
+        t()
+        print(i, 'did it')
+    except OSError as e:
+        pass
+print(open('/data/sales/q.csv').read()[:6], 'done')
+"#;
+    let r = run(&c, "python", code, json!({})).await;
+    // The mount is there (the read works); every change and every way out is refused.
+    assert_eq!(r["stdout"], "region done\n", "{r}");
+    let mut names: Vec<String> = std::fs::read_dir(sales.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["2026", "out", "q.csv", "root"]);
+    assert_eq!(
+        std::fs::read_to_string(sales.path().join("q.csv")).unwrap(),
+        "region,amount\nnorth,3\nsouth,4\n"
+    );
+}
+
+#[test]
+fn a_missing_folder_stops_the_server_naming_the_setting() {
+    prepare();
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--code", "print(1)"])
+        .env("WASMBOX_MOUNTS", "/no/such/folder:/data")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("WASMBOX_MOUNTS") && err.contains("/no/such/folder"),
+        "{err}"
+    );
+}
