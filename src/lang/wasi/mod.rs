@@ -191,7 +191,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                         _ => 0,
                     };
                     r.settle(-(freed as i64), new_entry as i64);
-                    let fd = read_u32(&c, mem, opened);
+                    let fd = read_u32(c, mem, opened);
                     if let Some(fd) = fd
                         && let Some(st) = fd_stat(c, mem, &o, fd as i32)?
                         && st.filetype == FILETYPE_REGULAR
