@@ -63,6 +63,8 @@ impl Mount {
 #[derive(Clone, Debug, Default)]
 pub struct Layout {
     pub mounts: Vec<Mount>,
+    /// Each mount's folder, opened once: the file tools reach it only through this.
+    pub dirs: Vec<std::sync::Arc<cap_std::fs::Dir>>,
 }
 
 impl Layout {
@@ -79,7 +81,15 @@ impl Layout {
                 }
             }
         }
-        Ok(Self { mounts })
+        let dirs = mounts
+            .iter()
+            .map(|m| {
+                cap_std::fs::Dir::open_ambient_dir(&m.host, cap_std::ambient_authority())
+                    .map(std::sync::Arc::new)
+                    .map_err(|e| format!("{setting}: {}: {e}", m.host.display()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { mounts, dirs })
     }
 
     /// The mount at a slot itself, if any.
@@ -109,7 +119,10 @@ pub fn set_server_layout(layout: Layout) -> Result<(), String> {
 
 /// The mounts every guest gets (none unless set).
 pub fn server_layout() -> &'static Layout {
-    static NONE: Layout = Layout { mounts: Vec::new() };
+    static NONE: Layout = Layout {
+        mounts: Vec::new(),
+        dirs: Vec::new(),
+    };
     SERVER.get().unwrap_or(&NONE)
 }
 

@@ -36,6 +36,8 @@ pub enum FsError {
     NotFound(String),
     #[error("{0} is a directory")]
     IsADirectory(String),
+    #[error("{0} is in a folder the server lends to sandboxes; the file tools only read there")]
+    ReadOnly(String),
     #[error("{0} is not a directory")]
     NotADirectory(String),
     #[error(
@@ -68,6 +70,8 @@ pub enum FsError {
 pub struct GuestPath {
     rel: PathBuf,
     guest: String,
+    /// A lent folder's index in the server's mounts (`None`: the workspace).
+    mount: Option<usize>,
 }
 
 impl GuestPath {
@@ -184,15 +188,24 @@ impl Workspace {
         if path.contains('\0') {
             return Err(escape());
         }
-        let rest = if let Some(rest) = path.strip_prefix(WORKSPACE_GUEST) {
-            if !(rest.is_empty() || rest.starts_with('/')) {
-                return Err(escape());
-            }
-            rest.trim_start_matches('/')
+        let layout = crate::lang::mounts::server_layout();
+        let under = |root: &str| {
+            path.strip_prefix(root)
+                .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+        };
+        let (root, mount, rest) = if let Some(rest) = under(WORKSPACE_GUEST) {
+            (WORKSPACE_GUEST, None, rest.trim_start_matches('/'))
+        } else if let Some((i, m, rest)) = layout
+            .mounts
+            .iter()
+            .enumerate()
+            .find_map(|(i, m)| under(&m.guest).map(|r| (i, m, r)))
+        {
+            (m.guest.as_str(), Some(i), rest.trim_start_matches('/'))
         } else if path.starts_with('/') {
             return Err(escape());
         } else {
-            path
+            (WORKSPACE_GUEST, None, path)
         };
         let mut parts: Vec<&str> = Vec::new();
         for c in Path::new(rest).components() {
@@ -211,11 +224,27 @@ impl Workspace {
             parts.iter().collect()
         };
         let guest = if parts.is_empty() {
-            WORKSPACE_GUEST.to_string()
+            root.to_string()
         } else {
-            format!("{WORKSPACE_GUEST}/{}", parts.join("/"))
+            format!("{root}/{}", parts.join("/"))
         };
-        Ok(GuestPath { rel, guest })
+        Ok(GuestPath { rel, guest, mount })
+    }
+
+    /// The directory a path resolves in: the workspace, or a lent folder.
+    fn dir_of(&self, p: &GuestPath) -> &Dir {
+        match p.mount {
+            None => &self.dir,
+            Some(i) => &crate::lang::mounts::server_layout().dirs[i],
+        }
+    }
+
+    /// Refuses a change in a lent folder (the file tools only read there).
+    fn writable(&self, p: &GuestPath) -> Result<(), FsError> {
+        match p.mount {
+            None => Ok(()),
+            Some(_) => Err(FsError::ReadOnly(p.guest.clone())),
+        }
     }
 
     /// Up to `max` bytes from `offset`.
@@ -307,7 +336,7 @@ impl Workspace {
     /// once open: the path may have been swapped in between, and `O_NONBLOCK` keeps that
     /// `open` from blocking.
     fn open_regular(&self, p: &GuestPath) -> Result<(File, u64), FsError> {
-        let meta = self.dir.metadata(&p.rel).map_err(|e| io_err(p, e))?;
+        let meta = self.dir_of(p).metadata(&p.rel).map_err(|e| io_err(p, e))?;
         regular(p, &meta)?;
         self.open_checked(p)
     }
@@ -316,7 +345,10 @@ impl Workspace {
         let mut o = OpenOptions::new();
         o.read(true);
         nonblocking(&mut o);
-        let file = self.dir.open_with(&p.rel, &o).map_err(|e| io_err(p, e))?;
+        let file = self
+            .dir_of(p)
+            .open_with(&p.rel, &o)
+            .map_err(|e| io_err(p, e))?;
         let meta = file.metadata().map_err(|e| io_err(p, e))?;
         regular(p, &meta)?;
         Ok((file, meta.len()))
@@ -325,6 +357,7 @@ impl Workspace {
     /// Writes a file (parents created), within the quota.
     pub fn write(&self, path: &str, bytes: &[u8]) -> Result<GuestPath, FsError> {
         let p = self.resolve(path)?;
+        self.writable(&p)?;
         if p.rel == Path::new(".") {
             return Err(FsError::IsADirectory(p.guest));
         }
@@ -364,7 +397,11 @@ impl Workspace {
             return Err(FsError::NotADirectory(p.guest));
         }
         let mut out = Vec::new();
-        for entry in self.dir.read_dir(&p.rel).map_err(|e| io_err(&p, e))? {
+        for entry in self
+            .dir_of(&p)
+            .read_dir(&p.rel)
+            .map_err(|e| io_err(&p, e))?
+        {
             let entry = entry.map_err(|e| io_err(&p, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             let Ok(meta) = entry.metadata() else { continue };
@@ -387,7 +424,7 @@ impl Workspace {
 
     pub fn exists(&self, path: &str) -> Result<(GuestPath, bool), FsError> {
         let p = self.resolve(path)?;
-        match self.dir.metadata(&p.rel) {
+        match self.dir_of(&p).metadata(&p.rel) {
             Ok(_) => Ok((p, true)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok((p, false)),
             Err(e) => Err(io_err(&p, e)),
@@ -397,6 +434,7 @@ impl Workspace {
     /// Removes a file, or a directory with everything in it.
     pub fn remove(&self, path: &str) -> Result<GuestPath, FsError> {
         let p = self.resolve(path)?;
+        self.writable(&p)?;
         if p.rel == Path::new(".") {
             return Err(FsError::Escape(format!(
                 "{path} (the workspace itself cannot be removed)"
@@ -417,6 +455,7 @@ impl Workspace {
 
     pub fn mkdir(&self, path: &str) -> Result<GuestPath, FsError> {
         let p = self.resolve(path)?;
+        self.writable(&p)?;
         let reserved = self.budget.reserve(0, 1).map_err(|o| quota_err(&p, o))?;
         let mut b = DirBuilder::new();
         b.recursive(true);
@@ -457,6 +496,7 @@ impl Workspace {
             let p = GuestPath {
                 rel: PathBuf::from(if rel.is_empty() { "." } else { rel }),
                 guest: path.trim_end_matches('/').to_string(),
+                mount: None,
             };
             let tmp = Dir::open_ambient_dir(self.host_tmp(), ambient_authority())
                 .map_err(|e| io_err(&p, e))?;
@@ -473,6 +513,13 @@ impl Workspace {
             };
         }
         let p = self.resolve(path)?;
+        if p.mount.is_some() {
+            // A lent folder's directories are the host's: used as they are, never made.
+            return match self.is_dir(&p)? {
+                true => Ok(p.guest),
+                false => Err(FsError::NotADirectory(p.guest)),
+            };
+        }
         if p.rel != Path::new(".") {
             self.dir.create_dir_all(&p.rel).map_err(|e| io_err(&p, e))?;
         }
@@ -480,7 +527,7 @@ impl Workspace {
     }
 
     fn is_dir(&self, p: &GuestPath) -> Result<bool, FsError> {
-        match self.dir.metadata(&p.rel) {
+        match self.dir_of(p).metadata(&p.rel) {
             Ok(m) => Ok(m.is_dir()),
             Err(e) => Err(io_err(p, e)),
         }

@@ -34,7 +34,7 @@ fn lent() -> (tempfile::TempDir, tempfile::TempDir, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_language_reads_lent_folders() {
-    let (_sales, _notes, mounts) = lent();
+    let (sales, notes, mounts) = lent();
     let c = server_with_env(&[("WASMBOX_MOUNTS", &mounts)]).await;
     let py = run(
         &c,
@@ -76,6 +76,39 @@ async fn every_language_reads_lent_folders() {
     )
     .await;
     assert_eq!(r["stdout"], "region,amount\n", "{r}");
+    // The file tools read there, and refuse to change anything.
+    let read = object(
+        &call(
+            &c,
+            "file_read",
+            json!({"sandbox_id": sb, "path": "/data/sales/q.csv"}),
+        )
+        .await,
+    );
+    assert_eq!(
+        read["content"], "region,amount\nnorth,3\nsouth,4\n",
+        "{read}"
+    );
+    let list = object(&call(&c, "file_list", json!({"sandbox_id": sb, "path": "/mnt"})).await);
+    assert_eq!(list["files"][0]["name"], "n.txt", "{list}");
+    for (tool, args) in [
+        (
+            "file_write",
+            json!({"sandbox_id": sb, "path": "/mnt/x", "content": "no"}),
+        ),
+        (
+            "file_remove",
+            json!({"sandbox_id": sb, "path": "/data/sales/q.csv"}),
+        ),
+        (
+            "file_mkdir",
+            json!({"sandbox_id": sb, "path": "/data/sales/d"}),
+        ),
+    ] {
+        let r = call(&c, tool, args).await;
+        assert_eq!(r.is_error, Some(true), "{tool}: {:?}", r.content);
+    }
+    assert!(sales.path().join("q.csv").exists() && !notes.path().join("x").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
