@@ -76,6 +76,12 @@ async fn every_language_reads_lent_folders() {
     )
     .await;
     assert_eq!(r["stdout"], "region,amount\n", "{r}");
+    let info = object(&call(&c, "get_sandbox", json!({"id": sb})).await);
+    assert_eq!(
+        info["mounts"],
+        json!([{"path": "/data/sales", "mode": "ro"}, {"path": "/mnt", "mode": "ro"}]),
+        "{info}"
+    );
     // The file tools read there, and refuse to change anything.
     let read = object(
         &call(

@@ -118,6 +118,9 @@ pub struct SandboxReply {
     /// local or cloud.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
+    /// Host folders the server lends to every sandbox (never copied by a fork or snapshot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mounts: Option<Vec<MountReply>>,
     /// What happened to the sandbox's sessions (pause saves them to disk; a fork copies them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub notes: Option<Vec<String>>,
@@ -132,6 +135,29 @@ impl SandboxReply {
             ..Default::default()
         }
     }
+}
+
+/// One lent folder as the guest sees it.
+#[derive(Serialize, JsonSchema, Debug, Clone)]
+pub struct MountReply {
+    pub path: String,
+    /// ro or rw.
+    pub mode: String,
+}
+
+/// The server's lent folders, when it lends any.
+pub(super) fn mounts() -> Option<Vec<MountReply>> {
+    let layout = crate::lang::mounts::server_layout();
+    (!layout.mounts.is_empty()).then(|| {
+        layout
+            .mounts
+            .iter()
+            .map(|m| MountReply {
+                path: m.guest.clone(),
+                mode: if m.writable { "rw" } else { "ro" }.into(),
+            })
+            .collect()
+    })
 }
 
 /// `list_sandboxes`.
@@ -357,6 +383,7 @@ impl WasmboxServer {
         };
         Ok(Json::new(SandboxReply {
             id: Some(sb.id.clone()),
+            mounts: mounts(),
             ..SandboxReply::described(sb.info(), Vec::new())
         }))
     }
@@ -559,6 +586,7 @@ pub(super) fn created(sb: &crate::sandbox::Sandbox, notes: Vec<String>) -> Sandb
         languages: Some(sb.template.languages.to_vec()),
         allow_hosts: sb.allow_hosts(),
         location: Some("local".into()),
+        mounts: mounts(),
         notes: (!notes.is_empty()).then_some(notes),
         ..Default::default()
     }
