@@ -139,22 +139,8 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     {
         config.reach.mcp_config = Some(path.clone());
     }
-    let mut mounts = Vec::new();
-    if let Ok(v) = std::env::var("WASMBOX_MOUNTS") {
-        for spec in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            mounts.push(
-                wasmbox::lang::mounts::Mount::parse(spec, "WASMBOX_MOUNTS")
-                    .map_err(anyhow::Error::msg)?,
-            );
-        }
-    }
-    for spec in &cli.mounts {
-        mounts.push(
-            wasmbox::lang::mounts::Mount::parse(spec, "--mount").map_err(anyhow::Error::msg)?,
-        );
-    }
-    let layout = wasmbox::lang::mounts::Layout::new(mounts, "WASMBOX_MOUNTS/--mount")
-        .map_err(anyhow::Error::msg)?;
+    let layout =
+        wasmbox::lang::mounts::Layout::from_settings(&cli.mounts).map_err(anyhow::Error::msg)?;
     // Lent folders are the local user's: an HTTP token's code must not see them (per-token
     // mounts, WASMBOX_TOKEN_MOUNTS, are not built yet).
     if !layout.mounts.is_empty() && matches!(cli.command, Command::Serve { http: Some(_), .. }) {

@@ -42,18 +42,22 @@ pub type FileId = (u64, u64);
 const OPEN_DIRS: usize = 32;
 
 /// A reservation that does not fit: what the directories would hold with it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Over {
     pub bytes: u64,
     pub entries: u64,
     pub quota: Quota,
     /// The walk failed (unreadable or too deep): counted as over.
     pub unmeasured: bool,
+    /// The lent folder that is full (`None`: a sandbox's or one-shot's own directories).
+    pub folder: Option<Arc<str>>,
 }
 
 pub struct DiskBudget {
     roots: Vec<PathBuf>,
     quota: Quota,
+    /// A lent folder's guest path, for what a refusal says.
+    folder: Option<Arc<str>>,
     state: Mutex<Count>,
     /// Held by a writer from its look at the files before a change to its look after.
     changing: Mutex<()>,
@@ -93,10 +97,39 @@ impl DiskBudget {
         Self::with(roots, quota, false)
     }
 
+    /// A budget over lent folder `folder` at `root` that lets it grow by `room` past what it
+    /// holds now (its owner's files are theirs; only what guests add is bounded). Walks it once.
+    pub fn growth(root: PathBuf, folder: &str, room: Quota) -> io::Result<Arc<Self>> {
+        let roots = vec![root];
+        let mut linked = HashSet::new();
+        let (mut bytes, mut entries) = (0u64, 0u64);
+        for root in &roots {
+            let (b, e) = walk(root, u64::MAX, &mut linked)?;
+            bytes = bytes.saturating_add(b);
+            entries = entries.saturating_add(e);
+        }
+        let quota = Quota {
+            max_bytes: bytes.saturating_add(room.max_bytes),
+            max_entries: entries.saturating_add(room.max_entries),
+        };
+        Ok(Arc::new(Self {
+            roots,
+            quota,
+            folder: Some(folder.into()),
+            state: Mutex::new(Count {
+                bytes,
+                entries,
+                ..Count::default()
+            }),
+            changing: Mutex::new(()),
+        }))
+    }
+
     fn with(roots: Vec<PathBuf>, quota: Quota, stale: bool) -> Arc<Self> {
         Arc::new(Self {
             roots,
             quota,
+            folder: None,
             state: Mutex::new(Count {
                 stale,
                 ..Count::default()
@@ -191,6 +224,7 @@ impl DiskBudget {
             entries: c.entries,
             quota: self.quota,
             unmeasured,
+            folder: self.folder.clone(),
         }
     }
 

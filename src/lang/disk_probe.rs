@@ -9,11 +9,12 @@ use std::time::Duration;
 use wasmtime::{Engine, Instance, Memory, Module, Store, TypedFunc};
 
 use super::guest::{Guest, GuestSpec, GuestState};
+use super::mounts::Layout;
 use super::{ExecRequest, Language, Place};
 use crate::engine::disk::{DiskBudget, Quota};
 
-/// The guest's two directories: its preopens, `/workspace` and `/tmp`.
-const DIRS: [i32; 2] = [3, 4];
+/// The guest's own two directories: its preopens, `/workspace` and `/tmp`.
+const DIRS: [(i32, &str); 2] = [(3, ""), (4, "")];
 /// Names the calls use: few, so that sequences meet the same files again.
 const NAMES: [&str; 8] = ["a", "b", "c", "d", "d/a", "d/b", "e", "e/d/a"];
 /// Where the path arguments go in the guest's memory.
@@ -112,8 +113,9 @@ impl Op {
             .chunks_exact(4)
             .map(|b| {
                 let (x, y, z) = (b[1] as usize, b[2] as usize, b[3]);
-                // Mostly /workspace and the first few names, so that calls meet existing files.
-                let dir = |v: usize| (v % 4 == 3) as usize;
+                // Mostly /workspace (or a lent folder, when the probe has one) and the first few
+                // names, so that calls meet existing files.
+                let dir = |v: usize| [0, 0, 1, 2, 3, 0, 2, 1][v % 8];
                 let name = |v: usize| [0, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7, 0, 1, 2, 0][v % 16];
                 let dn = |v: usize| (dir(v), name(v / 4));
                 match b[0] % 14 {
@@ -184,6 +186,8 @@ pub struct Probe {
     memory: Memory,
     /// Descriptors it opened and has not closed.
     fds: Vec<i32>,
+    /// The directories calls name: a descriptor, and what goes before each name.
+    dirs: Vec<(i32, &'static str)>,
     budget: Arc<DiskBudget>,
     path_open: Call<OpenArgs>,
     fd_write: Call<(i32, i32, i32, i32)>,
@@ -216,7 +220,18 @@ impl Harness {
     /// A guest in fresh scratch directories under `quota` or, with `place`, in those
     /// directories and under their budget (guests sharing a place share its budget).
     pub fn probe(&self, quota: Quota, place: Option<Place>) -> super::Result<Probe> {
-        Probe::new(&self.engine, &self.module, quota, place)
+        Probe::new(&self.engine, &self.module, quota, place, &Layout::default())
+    }
+
+    /// As [`Harness::probe`], with `mounts` lent to it: calls name lent folder `mounts[0]`
+    /// both through its slot (rerouted) and through its own descriptor.
+    pub fn probe_lent(
+        &self,
+        quota: Quota,
+        place: Option<Place>,
+        mounts: &Layout,
+    ) -> super::Result<Probe> {
+        Probe::new(&self.engine, &self.module, quota, place, mounts)
     }
 }
 
@@ -226,6 +241,7 @@ impl Probe {
         module: &Module,
         quota: Quota,
         place: Option<Place>,
+        mounts: &Layout,
     ) -> super::Result<Self> {
         let req = ExecRequest {
             language: Language::Python,
@@ -247,6 +263,7 @@ impl Probe {
             argv: &["probe"],
             base_env: &[],
             read_only: Vec::new(),
+            mounts,
         };
         let mut guest = Guest::new(engine, &req, &spec)?;
         let budget = guest.disk_budget().expect("an armed guest has a budget");
@@ -260,7 +277,24 @@ impl Probe {
                 inst.get_typed_func(&mut *s, $name).map_err(err)?
             };
         }
+        let mut dirs = DIRS.to_vec();
+        if let Some(m) = mounts.mounts.first() {
+            // After /workspace and /tmp: the slots /data and /mnt, then the mounts below them.
+            let slot = super::guest::MOUNT_SLOTS
+                .iter()
+                .position(|s| m.guest.starts_with(s))
+                .expect("a mount is in a slot") as i32;
+            match m.guest.rsplit_once('/') {
+                Some((_, name)) if m.guest.matches('/').count() == 2 => {
+                    let prefix: &'static str = format!("{name}/").leak();
+                    dirs.push((5 + slot, prefix));
+                    dirs.push((7, ""));
+                }
+                _ => dirs.push((5 + slot, "")),
+            }
+        }
         Ok(Self {
+            dirs,
             path_open: f!("path_open"),
             fd_write: f!("fd_write"),
             fd_pwrite: f!("fd_pwrite"),
@@ -289,9 +323,11 @@ impl Probe {
         let s = &mut self.guest.store;
         let mem = self.memory;
         let fd = |fds: &[i32], i: usize| fds.get(i % fds.len().max(1)).copied().unwrap_or(99);
-        let path = |s: &mut Store<GuestState>, at: i32, name: usize| -> (i32, i32) {
-            let n = NAMES[name].as_bytes();
-            mem.data_mut(s)[at as usize..][..n.len()].copy_from_slice(n);
+        let dirs = self.dirs.clone();
+        let dir = |i: usize| dirs[i % dirs.len()].0;
+        let path = |s: &mut Store<GuestState>, at: i32, (d, name): (usize, usize)| -> (i32, i32) {
+            let n = format!("{}{}", dirs[d % dirs.len()].1, NAMES[name]);
+            mem.data_mut(s)[at as usize..][..n.len()].copy_from_slice(n.as_bytes());
             (at, n.len() as i32)
         };
         let iov = |s: &mut Store<GuestState>, len: u32| {
@@ -301,11 +337,15 @@ impl Probe {
             mem.data_mut(s)[IOV_AT as usize..][..8].copy_from_slice(&iov);
         };
         let r = match *op {
-            Op::Open { dir, name, oflags } => {
-                let (p, l) = path(&mut *s, PATH_AT, name);
+            Op::Open {
+                dir: d,
+                name,
+                oflags,
+            } => {
+                let (p, l) = path(&mut *s, PATH_AT, (d, name));
                 let r = self.path_open.call(
                     &mut *s,
-                    (DIRS[dir], 0, p, l, oflags, RIGHTS, RIGHTS, 0, OUT_AT),
+                    (dir(d), 0, p, l, oflags, RIGHTS, RIGHTS, 0, OUT_AT),
                 );
                 if let Ok(0) = r {
                     let b = &self.memory.data(&*s)[OUT_AT as usize..][..4];
@@ -346,34 +386,41 @@ impl Probe {
                 }
                 r
             }
-            Op::Unlink { dir, name } => {
-                let (p, l) = path(&mut *s, PATH_AT, name);
-                self.path_unlink_file.call(&mut *s, (DIRS[dir], p, l))
+            Op::Unlink { dir: d, name } => {
+                let (p, l) = path(&mut *s, PATH_AT, (d, name));
+                self.path_unlink_file.call(&mut *s, (dir(d), p, l))
             }
             Op::Rename { from, to } => {
-                let (p, l) = path(&mut *s, PATH_AT, from.1);
-                let (q, m) = path(&mut *s, PATH2_AT, to.1);
+                let (p, l) = path(&mut *s, PATH_AT, from);
+                let (q, m) = path(&mut *s, PATH2_AT, to);
                 self.path_rename
-                    .call(&mut *s, (DIRS[from.0], p, l, DIRS[to.0], q, m))
+                    .call(&mut *s, (dir(from.0), p, l, dir(to.0), q, m))
             }
             Op::Link { from, to } => {
-                let (p, l) = path(&mut *s, PATH_AT, from.1);
-                let (q, m) = path(&mut *s, PATH2_AT, to.1);
+                let (p, l) = path(&mut *s, PATH_AT, from);
+                let (q, m) = path(&mut *s, PATH2_AT, to);
                 self.path_link
-                    .call(&mut *s, (DIRS[from.0], 0, p, l, DIRS[to.0], q, m))
+                    .call(&mut *s, (dir(from.0), 0, p, l, dir(to.0), q, m))
             }
-            Op::Mkdir { dir, name } => {
-                let (p, l) = path(&mut *s, PATH_AT, name);
-                self.path_create_directory.call(&mut *s, (DIRS[dir], p, l))
+            Op::Mkdir { dir: d, name } => {
+                let (p, l) = path(&mut *s, PATH_AT, (d, name));
+                self.path_create_directory.call(&mut *s, (dir(d), p, l))
             }
-            Op::Rmdir { dir, name } => {
-                let (p, l) = path(&mut *s, PATH_AT, name);
-                self.path_remove_directory.call(&mut *s, (DIRS[dir], p, l))
+            Op::Rmdir { dir: d, name } => {
+                let (p, l) = path(&mut *s, PATH_AT, (d, name));
+                self.path_remove_directory.call(&mut *s, (dir(d), p, l))
             }
-            Op::Symlink { target, dir, name } => {
-                let (p, l) = path(&mut *s, PATH_AT, target);
-                let (q, m) = path(&mut *s, PATH2_AT, name);
-                self.path_symlink.call(&mut *s, (p, l, DIRS[dir], q, m))
+            Op::Symlink {
+                target,
+                dir: d,
+                name,
+            } => {
+                // The target is a name as the guest wrote it, not a path in a directory.
+                let t = NAMES[target].as_bytes();
+                mem.data_mut(&mut *s)[PATH_AT as usize..][..t.len()].copy_from_slice(t);
+                let (q, m) = path(&mut *s, PATH2_AT, (d, name));
+                self.path_symlink
+                    .call(&mut *s, (PATH_AT, t.len() as i32, dir(d), q, m))
             }
         };
         r.map_err(|e| format!("{e:#}"))
@@ -588,5 +635,102 @@ mod tests {
             counted.0 >= measured.0 && counted.1 >= measured.1,
             "counted {counted:?}, on disk {measured:?}"
         );
+    }
+
+    /// A lent folder at `guest` in a fresh directory holding a file of its owner's.
+    fn lent(guest: &str, room: Quota) -> (tempfile::TempDir, Layout) {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("owners.csv"), vec![b'x'; 5000]).unwrap();
+        let m = crate::lang::mounts::Mount {
+            host: d.path().canonicalize().unwrap(),
+            guest: guest.into(),
+            writable: true,
+        };
+        let layout = Layout::new(vec![m], "test", room).unwrap();
+        (d, layout)
+    }
+
+    #[test]
+    fn a_lent_folders_count_is_what_a_walk_finds_and_nothing_crosses_into_it() {
+        let room = Quota {
+            max_bytes: 1 << 30,
+            max_entries: 10_000,
+        };
+        let mut done = std::collections::BTreeMap::<String, u32>::new();
+        for guest in ["/data/sales", "/mnt"] {
+            let (_d, layout) = lent(guest, room);
+            let lent = layout.budgets[0].clone().unwrap();
+            for seed in 0..40 {
+                let mut p = harness().probe_lent(room, None, &layout).unwrap();
+                for (i, op) in random_ops(500 + seed, 120).iter().enumerate() {
+                    let r = p.apply(op);
+                    assert!(r.is_ok(), "{guest} seed {seed} op {i} {op:?}: {r:?}");
+                    let r = r.unwrap();
+                    *done.entry(format!("{} {r}", op.kind())).or_default() += 1;
+                    for (what, b) in [("own", p.budget()), ("lent", &lent)] {
+                        let (counted, measured) = compare(b);
+                        assert_eq!(
+                            counted, measured,
+                            "{what}: {guest} seed {seed} op {i} {op:?}"
+                        );
+                    }
+                }
+                p.close_all();
+            }
+            let (counted, measured) = compare(&lent);
+            assert_eq!(counted, measured, "{guest} after every guest");
+        }
+        // Renames and links between a lent folder and the rest were tried and refused (EXDEV);
+        // symlinks in a lent folder too (EPERM); and every kind of call succeeded.
+        for k in ["rename 75", "link 75", "symlink 63"] {
+            assert!(done.get(k).is_some_and(|n| *n >= 5), "{k}: {done:?}");
+        }
+        for k in [
+            "open", "write", "pwrite", "set_size", "close", "renumber", "unlink", "rename", "link",
+            "mkdir", "rmdir", "symlink",
+        ] {
+            assert!(
+                done.get(&format!("{k} 0")).is_some_and(|n| *n >= 5),
+                "{k}: {done:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lent_folder_stops_at_its_room_whoever_writes() {
+        let room = Quota {
+            max_bytes: 256 * KIB,
+            max_entries: 12,
+        };
+        let own = Quota {
+            max_bytes: 1 << 30,
+            max_entries: 10_000,
+        };
+        let (_d, layout) = lent("/data/out", room);
+        let lent = layout.budgets[0].clone().unwrap();
+        let limit = lent.quota();
+        assert_eq!(
+            limit.max_bytes,
+            5000 + 256 * KIB,
+            "what it held, plus the room"
+        );
+        let mut refused = 0;
+        for seed in 0..40 {
+            let mut p = harness().probe_lent(own, None, &layout).unwrap();
+            for (i, op) in random_ops(900 + seed, 80).iter().enumerate() {
+                refused += p.apply(op).is_err() as u32;
+                let (counted, measured) = compare(&lent);
+                assert!(
+                    counted.0 >= measured.0 && counted.1 >= measured.1,
+                    "seed {seed} after op {i} {op:?}: counted {counted:?}, on disk {measured:?}"
+                );
+                assert!(
+                    measured.0 <= limit.max_bytes && measured.1 <= limit.max_entries,
+                    "seed {seed} after op {i} {op:?}: {measured:?} over {limit:?}"
+                );
+            }
+            p.close_all();
+        }
+        assert!(refused > 0, "the room ran out");
     }
 }

@@ -70,6 +70,8 @@ pub struct GuestSpec<'a> {
     /// Read-only runtime files, preopened first and in this order (guest paths are baked into
     /// some runtimes' preopen tables).
     pub read_only: Vec<(&'a Path, &'a str)>,
+    /// The host folders lent to it, under [`MOUNT_SLOTS`].
+    pub mounts: &'a super::mounts::Layout,
 }
 
 /// Exit code of a guest stopped from outside (killed, or its sandbox went away), as a shell
@@ -154,16 +156,19 @@ impl Parts {
             .map_err(engine_err)?;
         // Descriptors are numbered from 3 in the order of the preopens.
         let mut next_fd = 3 + spec.read_only.len() as u32 + 2;
-        let layout = super::mounts::server_layout();
-        let mut reroutes = super::mounts::Reroutes::default();
+        let layout = spec.mounts;
+        let mut reroutes = super::mounts::Reroutes::new(layout);
         let mut below = Vec::new();
         for (i, slot) in MOUNT_SLOTS.into_iter().enumerate() {
             let (host, perms) = match layout.at_slot(slot) {
-                Some(m) => (m.host.clone(), perms(m.writable)),
+                Some((at, m)) => {
+                    reroutes.preopened(next_fd, at);
+                    (m.host.clone(), perms(m.writable))
+                }
                 None => {
                     let subs: Vec<_> = layout.below(slot).collect();
-                    let names: Vec<&str> = subs.iter().map(|(n, _)| *n).collect();
-                    below.extend(subs.into_iter().map(|(n, m)| (i, n.to_string(), m.clone())));
+                    let names: Vec<&str> = subs.iter().map(|(n, _, _)| *n).collect();
+                    below.extend(subs.into_iter().map(|(n, at, m)| (i, n, at, m)));
                     (super::mounts::slot_dir(slot, &names)?, FsPerms::ReadOnly)
                 }
             };
@@ -171,10 +176,13 @@ impl Parts {
             reroutes.slots[i] = Some(next_fd);
             next_fd += 1;
         }
-        for (slot, name, m) in below {
+        for (slot, name, at, m) in below {
             wasi.preopened_dir(&m.host, &m.guest, perms(m.writable))
                 .map_err(engine_err)?;
-            reroutes.subs.push((slot, name.into_bytes(), next_fd));
+            reroutes
+                .subs
+                .push((slot, name.as_bytes().to_vec(), next_fd));
+            reroutes.preopened(next_fd, at);
             next_fd += 1;
         }
         Ok(Self {
@@ -451,9 +459,14 @@ pub fn disk_note(over: Option<Over>) -> String {
             o.bytes, o.quota.max_bytes
         )
     };
-    format!(
-        "wasmbox: execution stopped: the disk limit of /workspace and /tmp was reached ({what}); sizes are apparent sizes (a sparse file counts in full); remove files to free space"
-    )
+    match &o.folder {
+        Some(folder) => format!(
+            "wasmbox: execution stopped: the lent folder {folder} is full ({what}); code may add WASMBOX_MOUNT_DISK_MB and WASMBOX_MOUNT_FILES to what it held when the server started; remove files there to free space"
+        ),
+        None => format!(
+            "wasmbox: execution stopped: the disk limit of /workspace and /tmp was reached ({what}); sizes are apparent sizes (a sparse file counts in full); remove files to free space"
+        ),
+    }
 }
 
 /// What the limits saw of a call, for its result.

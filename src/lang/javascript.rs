@@ -232,6 +232,7 @@ fn spec() -> GuestSpec<'static> {
         argv: &["node"],
         base_env: BASE_ENV,
         read_only: Vec::new(),
+        mounts: super::mounts::server_layout(),
     }
 }
 

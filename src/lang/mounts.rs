@@ -7,10 +7,20 @@
 //! [`Layout::reroute`]: a path call on the slot whose first component names a mount goes to the
 //! mount's descriptor with the rest of the path. The slot's own directory then holds an empty
 //! directory per mount name, so listing `/data` shows them.
+//!
+//! What guests add to an `rw` folder counts against that folder's own [`DiskBudget`], shared by
+//! every guest and the file tools: each descriptor opened in a lent folder is known as such
+//! ([`Reroutes::opened`]), changes through it are counted there, and a rename or link between
+//! a lent folder and anything else answers `EXDEV` (its bytes would leave one count unseen and
+//! enter another). Guests cannot make symlinks in lent folders: the folder's owner would follow
+//! them on the host.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::guest::MOUNT_SLOTS;
+use crate::engine::disk::{DiskBudget, Quota};
 
 /// One lent folder.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,16 +70,50 @@ impl Mount {
 }
 
 /// The mounts every guest of this server gets, arranged into slots.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Layout {
     pub mounts: Vec<Mount>,
     /// Each mount's folder, opened once: the file tools reach it only through this.
-    pub dirs: Vec<std::sync::Arc<cap_std::fs::Dir>>,
+    pub dirs: Vec<Arc<cap_std::fs::Dir>>,
+    /// Each `rw` mount's budget (`None`: read-only): what guests may add to it.
+    pub budgets: Vec<Option<Arc<DiskBudget>>>,
 }
 
+/// What guests may add to an `rw` folder unless `WASMBOX_MOUNT_DISK_MB` / `WASMBOX_MOUNT_FILES`
+/// say otherwise.
+const ROOM_MB: u64 = 1024;
+const ROOM_FILES: u64 = 10_000;
+
 impl Layout {
-    /// Checks that no two mounts overlap (one at a slot leaves no room below it).
-    pub fn new(mounts: Vec<Mount>, setting: &str) -> Result<Self, String> {
+    /// The server's mounts: `WASMBOX_MOUNTS` (comma-separated) and then `--mount` flags, each
+    /// `rw` one with room for `WASMBOX_MOUNT_DISK_MB` and `WASMBOX_MOUNT_FILES` more.
+    pub fn from_settings(flags: &[String]) -> Result<Self, String> {
+        let mut mounts = Vec::new();
+        if let Ok(v) = std::env::var("WASMBOX_MOUNTS") {
+            for spec in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                mounts.push(Mount::parse(spec, "WASMBOX_MOUNTS")?);
+            }
+        }
+        for spec in flags {
+            mounts.push(Mount::parse(spec, "--mount")?);
+        }
+        let num = |name: &str, default: u64| match std::env::var(name) {
+            Ok(v) => v
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| format!("{name}: {v:?} is not a whole number")),
+            Err(_) => Ok(default),
+        };
+        let room = Quota {
+            max_bytes: num("WASMBOX_MOUNT_DISK_MB", ROOM_MB)?.saturating_mul(1 << 20),
+            max_entries: num("WASMBOX_MOUNT_FILES", ROOM_FILES)?,
+        };
+        Self::new(mounts, "WASMBOX_MOUNTS/--mount", room)
+    }
+
+    /// Checks that no two mounts overlap (one at a slot leaves no room below it), opens each
+    /// folder, and measures each `rw` one: guests may add `room` to what it holds now.
+    pub fn new(mounts: Vec<Mount>, setting: &str, room: Quota) -> Result<Self, String> {
         for (i, a) in mounts.iter().enumerate() {
             for b in &mounts[..i] {
                 let within = |x: &str, y: &str| x == y || x.starts_with(&format!("{y}/"));
@@ -89,21 +133,47 @@ impl Layout {
                     .map_err(|e| format!("{setting}: {}: {e}", m.host.display()))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { mounts, dirs })
+        let budgets = mounts
+            .iter()
+            .map(|m| {
+                m.writable
+                    .then(|| DiskBudget::growth(m.host.clone(), &m.guest, room))
+                    .transpose()
+                    .map_err(|e| format!("{setting}: measuring {}: {e}", m.host.display()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            mounts,
+            dirs,
+            budgets,
+        })
     }
 
-    /// The mount at a slot itself, if any.
-    pub fn at_slot(&self, slot: &str) -> Option<&Mount> {
-        self.mounts.iter().find(|m| m.guest == slot)
+    /// Where the lent folders are, for an error that tells where paths may go: `, or in a lent
+    /// folder (/data/sales, /mnt)`, or nothing.
+    pub fn places(&self) -> String {
+        if self.mounts.is_empty() {
+            return String::new();
+        }
+        let at: Vec<&str> = self.mounts.iter().map(|m| m.guest.as_str()).collect();
+        format!(", or in a lent folder ({})", at.join(", "))
     }
 
-    /// The mounts below `slot`, by name.
-    pub fn below<'a>(&'a self, slot: &'a str) -> impl Iterator<Item = (&'a str, &'a Mount)> {
-        self.mounts.iter().filter_map(move |m| {
+    /// The mount at a slot itself, if any, and its index.
+    pub fn at_slot(&self, slot: &str) -> Option<(usize, &Mount)> {
+        self.mounts
+            .iter()
+            .enumerate()
+            .find(|(_, m)| m.guest == slot)
+    }
+
+    /// The mounts below `slot`: name, index, mount.
+    pub fn below<'a>(&'a self, slot: &'a str) -> impl Iterator<Item = (&'a str, usize, &'a Mount)> {
+        self.mounts.iter().enumerate().filter_map(move |(i, m)| {
             m.guest
                 .strip_prefix(slot)
                 .and_then(|r| r.strip_prefix('/'))
-                .map(|name| (name, m))
+                .map(|name| (name, i, m))
         })
     }
 }
@@ -122,6 +192,7 @@ pub fn server_layout() -> &'static Layout {
     static NONE: Layout = Layout {
         mounts: Vec::new(),
         dirs: Vec::new(),
+        budgets: Vec::new(),
     };
     SERVER.get().unwrap_or(&NONE)
 }
@@ -136,11 +207,24 @@ pub fn slot_dir(slot: &str, names: &[&str]) -> super::Result<PathBuf> {
     skeleton(root, slot, names).map_err(|e| super::LangError::io(root, e))
 }
 
-/// A guest's slot descriptors and the mounts below them: `(slot, name, descriptor)`.
-#[derive(Clone, Debug, Default)]
+/// A guest's descriptors in lent folders: the slots, the mounts below them `(slot, name,
+/// descriptor)`, and every open descriptor's folder.
+#[derive(Clone, Default)]
 pub struct Reroutes {
     pub slots: [Option<u32>; 2],
     pub subs: Vec<(usize, Vec<u8>, u32)>,
+    /// Descriptors in a lent folder, by the folder's index in the layout.
+    trees: HashMap<u32, usize>,
+    /// Each lent folder's budget, by index (`None`: read-only).
+    budgets: Vec<Option<Arc<DiskBudget>>>,
+}
+
+/// Where a change through a descriptor counts.
+pub enum Tree<'a> {
+    /// The guest's own `/workspace` and `/tmp` (or a runtime's read-only files).
+    Own,
+    /// A lent folder: its index and budget (`None`: read-only).
+    Lent(usize, Option<&'a Arc<DiskBudget>>),
 }
 
 /// Where a path call goes instead: a descriptor, and where the rest of the path starts and how
@@ -155,6 +239,50 @@ pub struct Rerouted {
 }
 
 impl Reroutes {
+    /// A guest's view of `layout`, with no descriptors yet.
+    pub fn new(layout: &Layout) -> Self {
+        Self {
+            budgets: layout.budgets.clone(),
+            ..Self::default()
+        }
+    }
+
+    /// `fd` is lent folder `mount`'s preopen.
+    pub fn preopened(&mut self, fd: u32, mount: usize) {
+        self.trees.insert(fd, mount);
+    }
+
+    /// Whether any descriptor is in a lent folder (else [`Reroutes::opened`] has nothing to do).
+    pub fn lends(&self) -> bool {
+        !self.trees.is_empty()
+    }
+
+    /// The folder `fd` was opened in.
+    pub fn tree(&self, fd: u32) -> Tree<'_> {
+        match self.trees.get(&fd) {
+            Some(&i) => Tree::Lent(i, self.budgets[i].as_ref()),
+            None => Tree::Own,
+        }
+    }
+
+    /// `fd` was opened through `dir`: it is in `dir`'s folder.
+    pub fn opened(&mut self, dir: u32, fd: u32) {
+        match self.trees.get(&dir) {
+            Some(&i) => self.trees.insert(fd, i),
+            None => self.trees.remove(&fd),
+        };
+    }
+
+    /// `from` now answers as `to` (`fd_renumber`): `to`'s old descriptor is closed.
+    pub fn renumbered(&mut self, from: u32, to: u32) {
+        self.forget(to);
+        let tree = self.trees.remove(&from);
+        self.forget(from);
+        if let Some(i) = tree {
+            self.trees.insert(to, i);
+        }
+    }
+
     /// Where a call on `fd` with `path` goes, when `fd` is a slot and the path's first
     /// component names a mount below it.
     pub fn reroute(&self, fd: u32, path: &[u8]) -> Option<Rerouted> {
@@ -181,7 +309,7 @@ impl Reroutes {
         })
     }
 
-    /// Forgets a descriptor the guest closed or renumbered over.
+    /// Forgets a descriptor the guest closed.
     pub fn forget(&mut self, fd: u32) {
         for s in &mut self.slots {
             if *s == Some(fd) {
@@ -189,6 +317,7 @@ impl Reroutes {
             }
         }
         self.subs.retain(|(_, _, f)| *f != fd);
+        self.trees.remove(&fd);
     }
 }
 
@@ -229,8 +358,12 @@ mod tests {
         }
         let a = Mount::parse(&format!("{h}:/data"), "X").unwrap();
         let b = Mount::parse(&format!("{h}:/data/x"), "X").unwrap();
-        assert!(Layout::new(vec![a.clone(), b], "X").is_err());
+        let room = Quota {
+            max_bytes: 1,
+            max_entries: 1,
+        };
+        assert!(Layout::new(vec![a.clone(), b], "X", room).is_err());
         let c = Mount::parse(&format!("{h}:/mnt/x"), "X").unwrap();
-        assert!(Layout::new(vec![a, c], "X").is_ok());
+        assert!(Layout::new(vec![a, c], "X", room).is_ok());
     }
 }

@@ -27,7 +27,8 @@ pub use crate::fit::{json_prefix, text_window};
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
     #[error(
-        "path {0:?} is outside the sandbox: use a path under /workspace (absolute, or relative to it); '..' may not climb out of it"
+        "path {0:?} is outside the sandbox: use a path under /workspace (absolute, or relative to it){lent}; '..' may not climb out of it",
+        lent = crate::lang::mounts::server_layout().places()
     )]
     Escape(String),
     #[error("path {0:?} leads outside the sandbox through a symlink; refused")]
@@ -36,7 +37,7 @@ pub enum FsError {
     NotFound(String),
     #[error("{0} is a directory")]
     IsADirectory(String),
-    #[error("{0} is in a folder the server lends to sandboxes; the file tools only read there")]
+    #[error("{0} is in a folder the server lends read-only; nothing there can be changed")]
     ReadOnly(String),
     #[error("{0} is not a directory")]
     NotADirectory(String),
@@ -45,6 +46,16 @@ pub enum FsError {
     )]
     Quota {
         path: String,
+        what: &'static str,
+        would: u64,
+        limit: u64,
+    },
+    #[error(
+        "{path}: the lent folder {folder} is full: it would hold {would} {what}, and {limit} are allowed (what it held when the server started, plus WASMBOX_MOUNT_DISK_MB and WASMBOX_MOUNT_FILES); remove files there first"
+    )]
+    MountFull {
+        path: String,
+        folder: String,
         what: &'static str,
         would: u64,
         limit: u64,
@@ -239,11 +250,18 @@ impl Workspace {
         }
     }
 
-    /// Refuses a change in a lent folder (the file tools only read there).
-    fn writable(&self, p: &GuestPath) -> Result<(), FsError> {
+    /// Where a change at `p` is made and counted: the workspace, or a lent `rw` folder (a
+    /// read-only one refuses).
+    fn writable(&self, p: &GuestPath) -> Result<(&Dir, &Arc<DiskBudget>), FsError> {
         match p.mount {
-            None => Ok(()),
-            Some(_) => Err(FsError::ReadOnly(p.guest.clone())),
+            None => Ok((&self.dir, &self.budget)),
+            Some(i) => {
+                let layout = crate::lang::mounts::server_layout();
+                match &layout.budgets[i] {
+                    Some(b) => Ok((&layout.dirs[i], b)),
+                    None => Err(FsError::ReadOnly(p.guest.clone())),
+                }
+            }
         }
     }
 
@@ -357,34 +375,33 @@ impl Workspace {
     /// Writes a file (parents created), within the quota.
     pub fn write(&self, path: &str, bytes: &[u8]) -> Result<GuestPath, FsError> {
         let p = self.resolve(path)?;
-        self.writable(&p)?;
+        let (dir, budget) = self.writable(&p)?;
         if p.rel == Path::new(".") {
             return Err(FsError::IsADirectory(p.guest));
         }
         // The file's size before is what the write replaces: no guest changes it meanwhile.
-        let _change = self.budget.change();
-        let old = match self.dir.symlink_metadata(&p.rel) {
+        let _change = budget.change();
+        let old = match dir.symlink_metadata(&p.rel) {
             Ok(m) if m.is_dir() => return Err(FsError::IsADirectory(p.guest)),
             Ok(m) => Some(m.len()),
             Err(_) => None,
         };
         // Where a symlink inside leads counts: opening a FIFO to write blocks until a reader comes.
-        if let Ok(m) = self.dir.metadata(&p.rel) {
+        if let Ok(m) = dir.metadata(&p.rel) {
             regular(&p, &m)?;
         }
         let len = bytes.len() as u64;
         let grow = len.saturating_sub(old.unwrap_or(0));
-        let reserved = self
-            .budget
+        let reserved = budget
             .reserve(grow, old.is_none() as u64)
             .map_err(|o| quota_err(&p, o))?;
         if let Some(parent) = p.rel.parent().filter(|d| !d.as_os_str().is_empty()) {
-            self.dir.create_dir_all(parent).map_err(|e| io_err(&p, e))?;
+            dir.create_dir_all(parent).map_err(|e| io_err(&p, e))?;
         }
         let mut o = OpenOptions::new();
         o.write(true).create(true).truncate(true);
         nonblocking(&mut o);
-        let mut file = self.dir.open_with(&p.rel, &o).map_err(|e| io_err(&p, e))?;
+        let mut file = dir.open_with(&p.rel, &o).map_err(|e| io_err(&p, e))?;
         regular(&p, &file.metadata().map_err(|e| io_err(&p, e))?)?;
         file.write_all(bytes).map_err(|e| io_err(&p, e))?;
         reserved.settle(len as i64 - old.unwrap_or(0) as i64, old.is_none() as i64);
@@ -434,20 +451,18 @@ impl Workspace {
     /// Removes a file, or a directory with everything in it.
     pub fn remove(&self, path: &str) -> Result<GuestPath, FsError> {
         let p = self.resolve(path)?;
-        self.writable(&p)?;
+        let (dir, _) = self.writable(&p)?;
         if p.rel == Path::new(".") {
             return Err(FsError::Escape(format!(
-                "{path} (the workspace itself cannot be removed)"
+                "{path} ({} itself cannot be removed)",
+                p.guest
             )));
         }
-        let meta = self
-            .dir
-            .symlink_metadata(&p.rel)
-            .map_err(|e| io_err(&p, e))?;
+        let meta = dir.symlink_metadata(&p.rel).map_err(|e| io_err(&p, e))?;
         if meta.is_dir() {
-            self.dir.remove_dir_all(&p.rel)
+            dir.remove_dir_all(&p.rel)
         } else {
-            self.dir.remove_file(&p.rel)
+            dir.remove_file(&p.rel)
         }
         .map_err(|e| io_err(&p, e))?;
         Ok(p)
@@ -455,13 +470,11 @@ impl Workspace {
 
     pub fn mkdir(&self, path: &str) -> Result<GuestPath, FsError> {
         let p = self.resolve(path)?;
-        self.writable(&p)?;
-        let reserved = self.budget.reserve(0, 1).map_err(|o| quota_err(&p, o))?;
+        let (dir, budget) = self.writable(&p)?;
+        let reserved = budget.reserve(0, 1).map_err(|o| quota_err(&p, o))?;
         let mut b = DirBuilder::new();
         b.recursive(true);
-        self.dir
-            .create_dir_with(&p.rel, &b)
-            .map_err(|e| io_err(&p, e))?;
+        dir.create_dir_with(&p.rel, &b).map_err(|e| io_err(&p, e))?;
         reserved.settle(0, 1);
         Ok(p)
     }
@@ -540,11 +553,20 @@ fn quota_err(p: &GuestPath, o: Over) -> FsError {
     } else {
         ("bytes", o.bytes, o.quota.max_bytes)
     };
-    FsError::Quota {
-        path: p.guest.clone(),
-        what,
-        would,
-        limit,
+    match o.folder {
+        Some(folder) => FsError::MountFull {
+            path: p.guest.clone(),
+            folder: folder.to_string(),
+            what,
+            would,
+            limit,
+        },
+        None => FsError::Quota {
+            path: p.guest.clone(),
+            what,
+            would,
+            limit,
+        },
     }
 }
 

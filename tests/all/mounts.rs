@@ -179,3 +179,142 @@ fn a_missing_folder_stops_the_server_naming_the_setting() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writable_mounts_take_writes_up_to_their_room_and_nothing_crosses_out() {
+    let out = tempfile::tempdir().unwrap();
+    std::fs::write(out.path().join("owners.bin"), vec![7u8; 3 << 20]).unwrap();
+    let c = server_with_env(&[
+        (
+            "WASMBOX_MOUNTS",
+            &format!("{}:/data/out:rw", out.path().display()),
+        ),
+        ("WASMBOX_MOUNT_DISK_MB", "1"),
+        ("WASMBOX_MOUNT_FILES", "20"),
+    ])
+    .await;
+    // Python and JavaScript write there; the owner's 3 MiB are not counted against the room.
+    let code = r#"
+import errno, os, pandas as pd
+pd.DataFrame({'a': [1, 2]}).to_csv('/data/out/result.csv', index=False)
+open('/workspace/w.txt', 'w').write('w')
+for name, t in [
+    ('rename out', lambda: os.rename('/data/out/result.csv', '/workspace/r.csv')),
+    ('rename in', lambda: os.rename('/workspace/w.txt', '/data/out/w.txt')),
+    ('link in', lambda: os.link('/workspace/w.txt', '/data/out/w.txt')),
+]:
+    try:
+        t()
+        print(name, 'did it')
+    except OSError as e:
+        print(name, e.errno == errno.EXDEV)
+try:
+    os.symlink('/etc/passwd', '/data/out/l')
+    print('symlink did it')
+except OSError as e:
+    print('symlink', type(e).__name__)
+os.rename('/data/out/result.csv', '/data/out/kept.csv')
+print(sorted(os.listdir('/data/out')))
+"#;
+    let r = run(&c, "python", code, json!({})).await;
+    assert_eq!(
+        r["stdout"],
+        "rename out True\nrename in True\nlink in True\nsymlink PermissionError\n['kept.csv', 'owners.bin']\n",
+        "{r}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.path().join("kept.csv")).unwrap(),
+        "a\n1\n2\n"
+    );
+    let js = run(
+        &c,
+        "javascript",
+        "require('fs').writeFileSync('/data/out/js.txt', 'from js'); console.log('ok')",
+        json!({}),
+    )
+    .await;
+    assert_eq!(js["stdout"], "ok\n", "{js}");
+    assert_eq!(
+        std::fs::read_to_string(out.path().join("js.txt")).unwrap(),
+        "from js"
+    );
+    // The file tools write there too, against the same room.
+    let sb = object(&call(&c, "create_sandbox", json!({})).await)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let w = call(
+        &c,
+        "file_write",
+        json!({"sandbox_id": sb, "path": "/data/out/notes/tool.txt", "content": "x".repeat(600_000)}),
+    )
+    .await;
+    assert_ne!(w.is_error, Some(true), "{:?}", w.content);
+    assert_eq!(
+        std::fs::metadata(out.path().join("notes/tool.txt"))
+            .unwrap()
+            .len(),
+        600_000
+    );
+    let full = call(
+        &c,
+        "file_write",
+        json!({"sandbox_id": sb, "path": "/data/out/more.txt", "content": "y".repeat(600_000)}),
+    )
+    .await;
+    assert_eq!(full.is_error, Some(true), "{:?}", full.content);
+    assert!(
+        format!("{:?}", full.content).contains("the lent folder /data/out is full"),
+        "{:?}",
+        full.content
+    );
+    // A guest stops at the room too, with a note that names the folder.
+    let r = run(
+        &c,
+        "python",
+        "f = open('/data/out/big.bin', 'wb')\nfor _ in range(8): f.write(b'z' * 100_000); f.flush()\nprint('wrote all')",
+        json!({"sandbox_id": sb}),
+    )
+    .await;
+    assert_ne!(r["stdout"], "wrote all\n", "{r}");
+    assert!(
+        r.to_string().contains("the lent folder /data/out is full"),
+        "{r}"
+    );
+    let total: u64 = walk_bytes(out.path());
+    assert!(
+        total <= (3 << 20) + (1 << 20),
+        "{total} bytes: more than the owner's plus 1 MiB"
+    );
+    // Removing frees room: the tools and guests write again.
+    let rm = call(
+        &c,
+        "file_remove",
+        json!({"sandbox_id": sb, "path": "/data/out/notes"}),
+    )
+    .await;
+    assert_ne!(rm.is_error, Some(true), "{:?}", rm.content);
+    let again = call(
+        &c,
+        "file_write",
+        json!({"sandbox_id": sb, "path": "/data/out/more.txt", "content": "y".repeat(300_000)}),
+    )
+    .await;
+    assert_ne!(again.is_error, Some(true), "{:?}", again.content);
+    assert!(out.path().join("owners.bin").exists());
+}
+
+fn walk_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                walk_bytes(&e.path())
+            } else {
+                m.len()
+            }
+        })
+        .sum()
+}

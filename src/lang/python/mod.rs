@@ -123,6 +123,7 @@ impl PythonPaths {
                 (&self.stdlib_dir, STDLIB_GUEST),
                 (&self.mpl_data, MPL_DATA_GUEST),
             ],
+            mounts: crate::lang::mounts::server_layout(),
         }
     }
 }

@@ -38,8 +38,8 @@ pub(super) struct Stat {
     pub(super) size: u64,
 }
 
-/// The guest's budget and memory when a write to `fd` counts: the guest has a budget, and `fd`
-/// is not the captured stdio (which has caps of its own).
+/// The budget and memory a write to `fd` counts against: the guest has a budget there, and
+/// `fd` is not the captured stdio (which has caps of its own).
 pub(super) fn counted(
     c: &mut Caller<'_, GuestState>,
     fd: i32,
@@ -47,15 +47,37 @@ pub(super) fn counted(
     if (0..=2).contains(&fd) && !c.data().files.stdio_moved {
         return None;
     }
-    budgeted(c)
+    budgeted(c, fd)
 }
 
-/// The guest's budget and memory, when it has a budget (path calls: no descriptor to skip).
-pub(super) fn budgeted(c: &mut Caller<'_, GuestState>) -> Option<(Arc<DiskBudget>, Memory)> {
-    let disk = c.data().watch.disk.clone()?;
+/// The budget of the folder `fd` is in, and the guest's memory, when there is a budget.
+pub(super) fn budgeted(
+    c: &mut Caller<'_, GuestState>,
+    fd: i32,
+) -> Option<(Arc<DiskBudget>, Memory)> {
+    let disk = budget_of(c, fd)?;
     match c.get_export("memory") {
         Some(Extern::Memory(m)) => Some((disk, m)),
         _ => None,
+    }
+}
+
+/// The budget a change through `fd` counts against: a lent folder's own (none for a read-only
+/// one, which refuses every change), or the guest's for anything else.
+pub(super) fn budget_of(c: &Caller<'_, GuestState>, fd: i32) -> Option<Arc<DiskBudget>> {
+    match c.data().reroutes.tree(fd as u32) {
+        Tree::Own => c.data().watch.disk.clone(),
+        Tree::Lent(_, budget) => budget.cloned(),
+    }
+}
+
+/// Whether `a` and `b` are in the same folder (a rename or link between two may not cross).
+pub(super) fn same_tree(c: &Caller<'_, GuestState>, a: i32, b: i32) -> bool {
+    let r = &c.data().reroutes;
+    match (r.tree(a as u32), r.tree(b as u32)) {
+        (Tree::Own, Tree::Own) => true,
+        (Tree::Lent(i, _), Tree::Lent(j, _)) => i == j,
+        _ => false,
     }
 }
 
@@ -102,7 +124,7 @@ pub(super) fn write(
     grow: impl FnOnce(&mut Caller<'_, GuestState>, Memory, &Stat, u64) -> wasmtime::Result<u64>,
     call: impl FnOnce(&mut Caller<'_, GuestState>) -> wasmtime::Result<i32>,
 ) -> wasmtime::Result<i32> {
-    let disk = c.data().watch.disk.clone();
+    let disk = budget_of(c, fd);
     let _change = disk.as_deref().map(DiskBudget::change);
     let Some(FileWrite {
         disk,
@@ -125,7 +147,7 @@ pub(super) fn removing(
     (dirfd, path, path_len): (i32, i32, i32),
     call: impl FnOnce(&mut Caller<'_, GuestState>) -> wasmtime::Result<i32>,
 ) -> wasmtime::Result<i32> {
-    let Some((disk, mem)) = budgeted(c) else {
+    let Some((disk, mem)) = budgeted(c, dirfd) else {
         return call(c);
     };
     let _change = disk.change();
@@ -167,12 +189,56 @@ pub(super) fn resize(
     Ok(errno)
 }
 
-/// Runs a call that makes one entry, within the budget.
+/// `path_open` under `disk`: an entry it creates and the bytes a truncation frees are counted,
+/// and a regular file it opens is known to the budget until closed.
+pub(super) fn open_counted(
+    c: &mut Caller<'_, GuestState>,
+    lk: &Hooks,
+    f: &TypedFunc<OpenArgs, i32>,
+    args: OpenArgs,
+    disk: &Arc<DiskBudget>,
+    mem: Memory,
+) -> wasmtime::Result<i32> {
+    let (dirfd, dirflags, path, path_len, oflags, .., opened) = args;
+    let _change = disk.change();
+    let (creat, trunc) = (oflags & OFLAGS_CREAT != 0, oflags & OFLAGS_TRUNC != 0);
+    let follow = dirflags & LOOKUP_SYMLINK_FOLLOW != 0;
+    let before = if creat || trunc {
+        path_stat(c, mem, lk, dirfd, follow, path, path_len)?
+    } else {
+        None
+    };
+    let new_entry = creat && before.is_none();
+    let r = disk
+        .reserve(0, new_entry as u64)
+        .map_err(|over| c.data_mut().watch.disk_full(over))?;
+    let errno = f.call(&mut *c, args)?;
+    if errno != ERRNO_SUCCESS {
+        r.settle(0, 0);
+        return Ok(errno);
+    }
+    let freed = match before {
+        Some(b) if trunc && b.filetype == FILETYPE_REGULAR => b.size,
+        _ => 0,
+    };
+    r.settle(-(freed as i64), new_entry as i64);
+    if let Some(fd) = read_u32(c, mem, opened)
+        && let Some(st) = fd_stat(c, mem, lk, fd as i32)?
+        && st.filetype == FILETYPE_REGULAR
+    {
+        disk.opened(st.id);
+        c.data_mut().files.fds.insert(fd, (st.id, disk.clone()));
+    }
+    Ok(errno)
+}
+
+/// Runs a call that makes one entry in `dirfd`'s folder, within its budget.
 pub(super) fn new_entry(
     c: &mut Caller<'_, GuestState>,
+    dirfd: i32,
     call: impl FnOnce(&mut Caller<'_, GuestState>) -> wasmtime::Result<i32>,
 ) -> wasmtime::Result<i32> {
-    let Some(disk) = c.data().watch.disk.clone() else {
+    let Some(disk) = budget_of(c, dirfd) else {
         return call(c);
     };
     let _change = disk.change();

@@ -22,6 +22,7 @@ use super::guest::GuestState;
 use crate::engine::cpu;
 use crate::engine::disk::{DiskBudget, FileId, Over};
 use crate::engine::limits::{Stop, StopReason, Stopped};
+use crate::lang::mounts::Tree;
 
 /// Longest a waiting guest goes without looking at its deadline and stop flag.
 const SLICE: Duration = Duration::from_millis(10);
@@ -33,6 +34,8 @@ const MODULE: &str = "wasi_snapshot_preview1";
 const ERRNO_SUCCESS: i32 = 0;
 const ERRNO_FAULT: i32 = 21;
 const ERRNO_INVAL: i32 = 28;
+const ERRNO_PERM: i32 = 63;
+const ERRNO_XDEV: i32 = 75;
 const SUBSCRIPTION_SIZE: usize = 48;
 const EVENT_SIZE: usize = 32;
 const TAG_CLOCK: u8 = 0;
@@ -166,38 +169,16 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                     let args = (
                         dirfd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened,
                     );
-                    let Some((disk, mem)) = budgeted(c) else {
-                        return f.call(c, args);
+                    let errno = match budgeted(c, dirfd) {
+                        None => f.call(&mut *c, args)?,
+                        Some((disk, mem)) => open_counted(c, &o, &f, args, &disk, mem)?,
                     };
-                    let _change = disk.change();
-                    let (creat, trunc) = (oflags & OFLAGS_CREAT != 0, oflags & OFLAGS_TRUNC != 0);
-                    let follow = dirflags & LOOKUP_SYMLINK_FOLLOW != 0;
-                    let before = if creat || trunc {
-                        path_stat(c, mem, &o, dirfd, follow, path, path_len)?
-                    } else {
-                        None
-                    };
-                    let new_entry = creat && before.is_none();
-                    let r = disk
-                        .reserve(0, new_entry as u64)
-                        .map_err(|over| c.data_mut().watch.disk_full(over))?;
-                    let errno = f.call(&mut *c, args)?;
-                    if errno != ERRNO_SUCCESS {
-                        r.settle(0, 0);
-                        return Ok(errno);
-                    }
-                    let freed = match before {
-                        Some(b) if trunc && b.filetype == FILETYPE_REGULAR => b.size,
-                        _ => 0,
-                    };
-                    r.settle(-(freed as i64), new_entry as i64);
-                    let fd = read_u32(c, mem, opened);
-                    if let Some(fd) = fd
-                        && let Some(st) = fd_stat(c, mem, &o, fd as i32)?
-                        && st.filetype == FILETYPE_REGULAR
+                    if errno == ERRNO_SUCCESS
+                        && c.data().reroutes.lends()
+                        && let Some(Extern::Memory(mem)) = c.get_export("memory")
+                        && let Some(fd) = read_u32(c, mem, opened)
                     {
-                        disk.opened(st.id);
-                        c.data_mut().files.fds.insert(fd, (st.id, disk.clone()));
+                        c.data_mut().reroutes.opened(dirfd as u32, fd);
                     }
                     Ok(errno)
                 },
@@ -216,8 +197,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
     shadow!(linker, lk, "fd_renumber", |c, o, from: i32, to: i32| {
         let errno = original::fd_renumber(&mut c, &o)?.call(&mut c, (from, to))?;
         if errno == ERRNO_SUCCESS && from != to {
-            c.data_mut().reroutes.forget(from as u32);
-            c.data_mut().reroutes.forget(to as u32);
+            c.data_mut().reroutes.renumbered(from as u32, to as u32);
             let files = &mut c.data_mut().files;
             if (0..=2).contains(&to) {
                 files.stdio_moved = true;
@@ -259,7 +239,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                 &mut c,
                 (dirfd, path, path_len),
                 |c, (dirfd, path, path_len)| {
-                    let disk = c.data().watch.disk.clone();
+                    let disk = budget_of(c, dirfd);
                     let _change = disk.as_deref().map(DiskBudget::change);
                     let errno = original::path_remove_directory(c, &o)?
                         .call(&mut *c, (dirfd, path, path_len))?;
@@ -281,9 +261,12 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
         |c, o, fd: i32, old: i32, old_len: i32, new_fd: i32, new: i32, new_len: i32| {
             rerouted(&mut c, (fd, old, old_len), |c, (fd, old, old_len)| {
                 rerouted(c, (new_fd, new, new_len), |c, (new_fd, new, new_len)| {
+                    if !same_tree(c, fd, new_fd) {
+                        return Ok(ERRNO_XDEV);
+                    }
                     let f = original::path_rename(c, &o)?;
                     let args = (fd, old, old_len, new_fd, new, new_len);
-                    let Some((disk, mem)) = budgeted(c) else {
+                    let Some((disk, mem)) = budgeted(c, fd) else {
                         return f.call(c, args);
                     };
                     let _change = disk.change();
@@ -314,7 +297,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                 (dirfd, path, path_len),
                 |c, (dirfd, path, path_len)| {
                     let f = original::path_create_directory(c, &o)?;
-                    new_entry(c, |c| f.call(c, (dirfd, path, path_len)))
+                    new_entry(c, dirfd, |c| f.call(c, (dirfd, path, path_len)))
                 },
             )
         }
@@ -326,8 +309,12 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
         "path_symlink",
         |c, o, old: i32, old_len: i32, dirfd: i32, new: i32, new_len: i32| {
             rerouted(&mut c, (dirfd, new, new_len), |c, (dirfd, new, new_len)| {
+                // The folder's owner would follow it on the host.
+                if matches!(c.data().reroutes.tree(dirfd as u32), Tree::Lent(..)) {
+                    return Ok(ERRNO_PERM);
+                }
                 let f = original::path_symlink(c, &o)?;
-                new_entry(c, |c| f.call(c, (old, old_len, dirfd, new, new_len)))
+                new_entry(c, dirfd, |c| f.call(c, (old, old_len, dirfd, new, new_len)))
             })
         }
     );
@@ -350,10 +337,13 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
                 (old_fd, old, old_len),
                 |c, (old_fd, old, old_len)| {
                     rerouted(c, (new_fd, new, new_len), |c, (new_fd, new, new_len)| {
+                        if !same_tree(c, old_fd, new_fd) {
+                            return Ok(ERRNO_XDEV);
+                        }
                         let f = original::path_link(c, &o)?;
                         let args = (old_fd, old_flags, old, old_len, new_fd, new, new_len);
                         // A new name of a file: an entry, and no bytes (a file's count once).
-                        new_entry(c, |c| f.call(c, args))
+                        new_entry(c, new_fd, |c| f.call(c, args))
                     })
                 },
             )
@@ -515,6 +505,8 @@ fn forwarders(c: &mut Caller<'_, GuestState>, h: &Hooks) -> wasmtime::Result<()>
 }
 
 type PathArg = (i32, i32, i32);
+/// `path_open`'s parameters.
+type OpenArgs = (i32, i32, i32, i32, i32, i64, i64, i32, i32);
 
 /// Runs a path call where it goes: on a mount slot, a path whose first component names a mount
 /// below it goes to the mount's descriptor with the rest of the path (see `lang::mounts`). A

@@ -482,7 +482,7 @@ pub fn file_error(tool: &str, path: &str, e: &FsError) -> ToolError {
     let error = match e {
         FsError::NotFound(_) => "File not found".to_string(),
         FsError::Escape(_) | FsError::SymlinkEscape(_) => "Path not allowed".to_string(),
-        FsError::Quota { .. } => "Disk quota exceeded".to_string(),
+        FsError::Quota { .. } | FsError::MountFull { .. } => "Disk quota exceeded".to_string(),
         _ => format!(
             "Failed to {}",
             match tool {
