@@ -409,6 +409,9 @@ impl Workspace {
     }
 
     pub fn list(&self, path: &str) -> Result<(GuestPath, Vec<Entry>), FsError> {
+        if let Some(listed) = list_slot(path) {
+            return listed;
+        }
         let p = self.resolve(path)?;
         if !self.is_dir(&p)? {
             return Err(FsError::NotADirectory(p.guest));
@@ -545,6 +548,43 @@ impl Workspace {
             Err(e) => Err(io_err(p, e)),
         }
     }
+}
+
+/// `/data` or `/mnt` when only folders below it are lent: those folders.
+fn list_slot(path: &str) -> Option<Result<(GuestPath, Vec<Entry>), FsError>> {
+    let layout = crate::lang::mounts::server_layout();
+    let slot = path.trim_end_matches('/');
+    if !crate::lang::guest::MOUNT_SLOTS.contains(&slot) || layout.at_slot(slot).is_some() {
+        return None;
+    }
+    let p = GuestPath {
+        rel: PathBuf::from("."),
+        guest: slot.to_string(),
+        mount: None,
+    };
+    let mut out = Vec::new();
+    for (name, i, m) in layout.below(slot) {
+        let meta = match layout.dirs[i].dir_metadata() {
+            Ok(meta) => meta,
+            Err(e) => return Some(Err(io_err(&p, e))),
+        };
+        out.push(Entry {
+            path: m.guest.clone(),
+            name: name.to_string(),
+            size: meta.len(),
+            is_directory: true,
+            modified_time: meta
+                .modified()
+                .ok()
+                .map(|t| humantime::format_rfc3339_seconds(t.into_std()).to_string()),
+            permissions: permissions(&meta),
+        });
+    }
+    if out.is_empty() {
+        return None;
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Some(Ok((p, out)))
 }
 
 fn quota_err(p: &GuestPath, o: Over) -> FsError {

@@ -97,6 +97,16 @@ async fn every_language_reads_lent_folders() {
     );
     let list = object(&call(&c, "file_list", json!({"sandbox_id": sb, "path": "/mnt"})).await);
     assert_eq!(list["files"][0]["name"], "n.txt", "{list}");
+    // `/data` shows the folders lent below it; health lists them; a fork says they stay.
+    let list = object(&call(&c, "file_list", json!({"sandbox_id": sb, "path": "/data"})).await);
+    assert_eq!(list["files"][0]["path"], "/data/sales", "{list}");
+    let health = object(&call(&c, "health", json!({})).await);
+    assert_eq!(health["mounts"], info["mounts"], "{health}");
+    let fork = object(&call(&c, "fork_sandbox", json!({"sandbox_id": sb})).await);
+    assert!(
+        fork["notes"].to_string().contains("are not copied"),
+        "{fork}"
+    );
     for (tool, args) in [
         (
             "file_write",
@@ -302,6 +312,9 @@ print(sorted(os.listdir('/data/out')))
     .await;
     assert_ne!(again.is_error, Some(true), "{:?}", again.content);
     assert!(out.path().join("owners.bin").exists());
+    let health = object(&call(&c, "health", json!({})).await);
+    let room = health["mounts"][0]["room_bytes"].as_u64().unwrap();
+    assert!(room < 1 << 20, "{health}");
 }
 
 fn walk_bytes(dir: &std::path::Path) -> u64 {

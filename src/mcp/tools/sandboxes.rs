@@ -143,6 +143,22 @@ pub struct MountReply {
     pub path: String,
     /// ro or rw.
     pub mode: String,
+    /// rw: bytes code and the file tools may still add there (WASMBOX_MOUNT_DISK_MB past what
+    /// it held at start, less what was added since).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub room_bytes: Option<u64>,
+}
+
+/// What a fork or snapshot says of the lent folders: they stay the host's.
+pub(super) fn mounts_note() -> Option<String> {
+    let layout = crate::lang::mounts::server_layout();
+    (!layout.mounts.is_empty()).then(|| {
+        let at: Vec<&str> = layout.mounts.iter().map(|m| m.guest.as_str()).collect();
+        format!(
+            "the lent folders ({}) are not copied: they are the host's, and every sandbox sees the same ones",
+            at.join(", ")
+        )
+    })
 }
 
 /// The server's lent folders, when it lends any.
@@ -152,9 +168,13 @@ pub(super) fn mounts() -> Option<Vec<MountReply>> {
         layout
             .mounts
             .iter()
-            .map(|m| MountReply {
+            .zip(&layout.budgets)
+            .map(|(m, budget)| MountReply {
                 path: m.guest.clone(),
                 mode: if m.writable { "rw" } else { "ro" }.into(),
+                room_bytes: budget
+                    .as_ref()
+                    .map(|b| b.quota().max_bytes.saturating_sub(b.counted().0)),
             })
             .collect()
     })

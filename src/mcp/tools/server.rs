@@ -97,6 +97,9 @@ pub struct Health {
     pub runtimes: BTreeMap<String, String>,
     /// Go's build cache, once Go has run.
     pub go_cache: Option<GoCacheStats>,
+    /// Host folders the server lends to every sandbox and one-shot (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mounts: Option<Vec<super::sandboxes::MountReply>>,
 }
 
 /// `get_system_metrics`.
@@ -283,6 +286,7 @@ impl WasmboxServer {
             sandboxes: self.wasmbox.sandboxes().count(&self.owner),
             runtimes: self.runtimes(),
             go_cache: self.wasmbox.go_cache_stats(),
+            mounts: super::sandboxes::mounts(),
         }))
     }
 

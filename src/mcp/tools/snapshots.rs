@@ -37,6 +37,9 @@ pub struct SnapshotReply {
     pub created_at: String,
     /// The languages whose sessions (variables) it holds.
     pub languages: Vec<Language>,
+    /// What it does not hold (the lent folders).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notes: Option<Vec<String>>,
 }
 
 impl From<&SnapshotMeta> for SnapshotReply {
@@ -49,6 +52,7 @@ impl From<&SnapshotMeta> for SnapshotReply {
             charged_bytes: m.charged_bytes,
             created_at: rfc3339(m.created_at()),
             languages: m.languages.clone(),
+            notes: None,
         }
     }
 }
@@ -103,11 +107,12 @@ impl WasmboxServer {
         Parameters(a): Parameters<SandboxArgs>,
     ) -> Result<Json<SandboxReply>, ToolError> {
         self.local_sandbox(&a.sandbox_id, "sandbox_id", "fork_sandbox")?;
-        let (sb, notes) = self
+        let (sb, mut notes) = self
             .wasmbox
             .fork_sandbox(&a.sandbox_id, &self.owner)
             .await
             .map_err(|e| failed("Failed to fork sandbox", "sandbox_id", &a.sandbox_id, e))?;
+        notes.extend(super::sandboxes::mounts_note());
         Ok(Json::new(created(&sb, notes)))
     }
 
@@ -132,7 +137,9 @@ impl WasmboxServer {
             .snapshot_sandbox(&a.sandbox_id, &self.owner)
             .await
             .map_err(|e| failed("Failed to snapshot sandbox", "sandbox_id", &a.sandbox_id, e))?;
-        Ok(Json::new(SnapshotReply::from(&meta)))
+        let mut reply = SnapshotReply::from(&meta);
+        reply.notes = super::sandboxes::mounts_note().map(|n| vec![n]);
+        Ok(Json::new(reply))
     }
 
     #[tool(
