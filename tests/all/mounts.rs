@@ -331,3 +331,22 @@ fn walk_bytes(dir: &std::path::Path) -> u64 {
         })
         .sum()
 }
+
+#[test]
+fn serve_over_http_refuses_lent_folders() {
+    prepare();
+    let d = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .env("WASMBOX_MOUNTS", format!("{}:/data", d.path().display()))
+        .env("WASMBOX_HTTP_TOKENS", "a-token-of-enough-length-1234")
+        .env("WASMBOX_DATA", d.path().join("state"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("WASMBOX_MOUNTS") && err.contains("serve --http"),
+        "{err}"
+    );
+}
