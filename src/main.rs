@@ -141,11 +141,18 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let layout =
         wasmbox::lang::mounts::Layout::from_settings(&cli.mounts).map_err(anyhow::Error::msg)?;
-    // Lent folders are the local user's: an HTTP token's code must not see them (per-token
-    // mounts, WASMBOX_TOKEN_MOUNTS, are not built yet).
-    if !layout.mounts.is_empty() && matches!(cli.command, Command::Serve { http: Some(_), .. }) {
+    // Lent folders are the local user's: an HTTP token's code sees only its own
+    // (WASMBOX_TOKEN_MOUNTS).
+    let over_http = matches!(cli.command, Command::Serve { http: Some(_), .. });
+    if !layout.mounts.is_empty() && over_http {
         anyhow::bail!(
-            "WASMBOX_MOUNTS/--mount lend folders to the local user over stdio; serve --http does not take them"
+            "WASMBOX_MOUNTS/--mount lend folders to the local user over stdio; over HTTP, lend each token its own with WASMBOX_TOKEN_MOUNTS"
+        );
+    }
+    let token_mounts = std::env::var("WASMBOX_TOKEN_MOUNTS").ok();
+    if token_mounts.is_some() && !over_http {
+        anyhow::bail!(
+            "WASMBOX_TOKEN_MOUNTS lends folders to HTTP tokens (serve --http); over stdio use WASMBOX_MOUNTS"
         );
     }
     wasmbox::lang::mounts::set_server_layout(layout).map_err(anyhow::Error::msg)?;
@@ -179,6 +186,15 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                     dir.join("http-token").display()
                 ),
                 None => {}
+            }
+            if let Some(spec) = token_mounts {
+                let layouts = wasmbox::lang::mounts::token_layouts(
+                    &spec,
+                    &tokens,
+                    wasmbox::mcp::serve::token_owner,
+                )
+                .map_err(anyhow::Error::msg)?;
+                wasmbox::lang::mounts::set_token_layouts(layouts).map_err(anyhow::Error::msg)?;
             }
             wasmbox::mcp::serve::serve_http(
                 wasmbox,

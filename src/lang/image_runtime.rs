@@ -12,6 +12,7 @@ use std::time::Duration;
 use wasmtime::{Engine, Instance, InstancePre, Linker, Module};
 
 use super::guest::{Guest, GuestSpec, GuestState, engine_err};
+use super::mounts::{Layout, unlike_pooled};
 use super::session::{Session, SessionRuntime, StateKeyCell};
 use super::spare::{Spares, rebind_with};
 use super::{ExecRequest, ExecResult, Language, Place};
@@ -79,7 +80,20 @@ impl<F: Flavour> Shared<F> {
         place: Option<&Place>,
         clock: Duration,
     ) -> Result<(Guest, Instance)> {
-        let spec = self.flavour.spec();
+        self.instantiate_for(place, clock, None)
+    }
+
+    /// As [`Shared::instantiate_at`], lent `mounts` instead of the server's folders.
+    pub fn instantiate_for(
+        &self,
+        place: Option<&Place>,
+        clock: Duration,
+        mounts: Option<&'static Layout>,
+    ) -> Result<(Guest, Instance)> {
+        let mut spec = self.flavour.spec();
+        if let Some(m) = mounts {
+            spec.mounts = m;
+        }
         let mut guest = Guest::unarmed_at(&self.engine, &spec, &BTreeMap::new(), place, clock)?;
         let instance = self.pre.instantiate(&mut guest.store).map_err(engine_err)?;
         Ok((guest, instance))
@@ -91,7 +105,16 @@ impl<F: Flavour> Shared<F> {
 
     /// A fresh instance in `place`, readied for its first code.
     pub fn ready_in(&self, place: Option<&Place>) -> Result<Ready> {
-        let (mut guest, instance) = self.instantiate_in(place)?;
+        self.ready_for(place, None)
+    }
+
+    /// As [`Shared::ready_in`], lent `mounts` instead of the server's folders.
+    pub fn ready_for(
+        &self,
+        place: Option<&Place>,
+        mounts: Option<&'static Layout>,
+    ) -> Result<Ready> {
+        let (mut guest, instance) = self.instantiate_for(place, Duration::ZERO, mounts)?;
         F::ready(self, &mut guest, &instance)?;
         Ok(Ready { guest, instance })
     }
@@ -214,13 +237,13 @@ impl<F: Flavour> ImageRuntime<F> {
         let Ready {
             mut guest,
             instance,
-        } = match &req.place {
-            None => self.pool.take_or_make()?,
-            Some(place) => self.shared.ready_in(Some(place))?,
+        } = match (&req.place, unlike_pooled(&req.owner)) {
+            (None, None) => self.pool.take_or_make()?,
+            (place, mounts) => self.shared.ready_for(place.as_ref(), mounts)?,
         };
         guest.arm(req);
         let r = F::oneshot(guest, &instance, req);
-        if req.place.is_none() {
+        if req.place.is_none() && unlike_pooled(&req.owner).is_none() {
             self.pool.refill();
         }
         Ok(r)
@@ -239,13 +262,16 @@ impl<F: Flavour> SessionRuntime for ImageRuntime<F> {
         let Ready {
             mut guest,
             instance,
-        } = self.shared.ready_in(req.place.as_ref())?;
+        } = self
+            .shared
+            .ready_for(req.place.as_ref(), unlike_pooled(&req.owner))?;
         guest.arm(req);
         Ok(Session::new(guest, instance))
     }
 
     fn instantiate(&self, req: &ExecRequest, clock: Duration) -> Result<(Guest, Instance)> {
-        self.shared.instantiate_at(req.place.as_ref(), clock)
+        self.shared
+            .instantiate_for(req.place.as_ref(), clock, unlike_pooled(&req.owner))
     }
 
     /// Runs `req` with its limits, env and working directory, applied first: a sandbox's env

@@ -253,7 +253,7 @@ fn init(store: &mut Store<GuestState>, instance: &Instance) -> wasmtime::Result<
 /// What determines the image's bytes: the module (our C entry and prelude are compiled in).
 pub fn image_key(module_sha: &str) -> String {
     let mut d = Sha256::new();
-    d.update(b"wasmbox-javascript-image-v2\0");
+    d.update(b"wasmbox-javascript-image-v3\0");
     d.update(snapshot::IMAGE_FORMAT.as_bytes());
     d.update(b"\0");
     d.update(module_sha.as_bytes());
@@ -273,10 +273,15 @@ fn load_image(
         let warm_engine = engine::warmup_engine()?;
         let linker = crate::lang::door::linker(&warm_engine)?;
         // The snapshot freezes wasi-libc's preopen table and cwd: the warm-up uses the
-        // production preopen layout (a fresh /workspace and /tmp, as every sandbox has).
+        // production preopen layout (a fresh /workspace and /tmp, as every sandbox has, and
+        // the mount slots with nothing lent below them, as on every server).
         on_guest_stack("javascript image", || {
             snapshot::build(&warm_engine, &wasm, "javascript image", |module| {
-                let mut guest = Guest::unarmed(&warm_engine, &spec(), &BTreeMap::new())?;
+                let spec = GuestSpec {
+                    mounts: super::mounts::none(),
+                    ..spec()
+                };
+                let mut guest = Guest::unarmed(&warm_engine, &spec, &BTreeMap::new())?;
                 let instance = linker
                     .instantiate(&mut guest.store, module)
                     .map_err(engine_err)?;

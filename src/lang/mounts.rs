@@ -97,18 +97,7 @@ impl Layout {
         for spec in flags {
             mounts.push(Mount::parse(spec, "--mount")?);
         }
-        let num = |name: &str, default: u64| match std::env::var(name) {
-            Ok(v) => v
-                .trim()
-                .parse::<u64>()
-                .map_err(|_| format!("{name}: {v:?} is not a whole number")),
-            Err(_) => Ok(default),
-        };
-        let room = Quota {
-            max_bytes: num("WASMBOX_MOUNT_DISK_MB", ROOM_MB)?.saturating_mul(1 << 20),
-            max_entries: num("WASMBOX_MOUNT_FILES", ROOM_FILES)?,
-        };
-        Self::new(mounts, "WASMBOX_MOUNTS/--mount", room)
+        Self::new(mounts, "WASMBOX_MOUNTS/--mount", room()?)
     }
 
     /// Checks that no two mounts overlap (one at a slot leaves no room below it), opens each
@@ -178,7 +167,113 @@ impl Layout {
     }
 }
 
+/// Over HTTP, each token's lent folders (`WASMBOX_TOKEN_MOUNTS`): `TOKEN=MOUNT,MOUNT;TOKEN=...`,
+/// each mount as in `WASMBOX_MOUNTS`. Keyed by the token's owner id (`owner_of`), which is
+/// what calls carry; a token the server does not serve, or an `rw` folder lent to two tokens
+/// (whose rooms would add up), stops the server at start.
+pub fn token_layouts(
+    spec: &str,
+    tokens: &[String],
+    owner_of: impl Fn(&str) -> String,
+) -> Result<HashMap<String, Layout>, String> {
+    const SETTING: &str = "WASMBOX_TOKEN_MOUNTS";
+    let room = room()?;
+    let mut out = HashMap::new();
+    let mut rw: Vec<PathBuf> = Vec::new();
+    for (n, entry) in spec.split(';').map(str::trim).enumerate() {
+        if entry.is_empty() {
+            continue;
+        }
+        let which = format!("{SETTING} entry {}", n + 1);
+        let (token, mounts) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("{which}: expected TOKEN=HOST_DIR:GUEST_PATH[:ro|rw],..."))?;
+        if !tokens.iter().any(|t| t == token.trim()) {
+            return Err(format!(
+                "{which}: its token is not one of WASMBOX_TOKEN's (the tokens this server serves)"
+            ));
+        }
+        let mounts = mounts
+            .split(',')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .map(|m| Mount::parse(m, &which))
+            .collect::<Result<Vec<_>, _>>()?;
+        for m in mounts.iter().filter(|m| m.writable) {
+            if rw
+                .iter()
+                .any(|h| h.starts_with(&m.host) || m.host.starts_with(h))
+            {
+                return Err(format!(
+                    "{which}: {} is lent rw to two tokens, whose rooms would add up: lend it rw to one",
+                    m.host.display()
+                ));
+            }
+            rw.push(m.host.clone());
+        }
+        let owner = owner_of(token.trim());
+        if out.contains_key(&owner) {
+            return Err(format!("{which}: the token has an entry already"));
+        }
+        out.insert(owner, Layout::new(mounts, &which, room)?);
+    }
+    Ok(out)
+}
+
+/// What guests may add to each `rw` folder (`WASMBOX_MOUNT_DISK_MB`, `WASMBOX_MOUNT_FILES`).
+fn room() -> Result<Quota, String> {
+    let num = |name: &str, default: u64| match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| format!("{name}: {v:?} is not a whole number")),
+        Err(_) => Ok(default),
+    };
+    Ok(Quota {
+        max_bytes: num("WASMBOX_MOUNT_DISK_MB", ROOM_MB)?.saturating_mul(1 << 20),
+        max_entries: num("WASMBOX_MOUNT_FILES", ROOM_FILES)?,
+    })
+}
+
 static SERVER: std::sync::OnceLock<Layout> = std::sync::OnceLock::new();
+static TOKENS: std::sync::OnceLock<HashMap<String, Layout>> = std::sync::OnceLock::new();
+
+/// Sets each HTTP token's lent folders, by owner id (once, at start).
+pub fn set_token_layouts(layouts: HashMap<String, Layout>) -> Result<(), String> {
+    TOKENS
+        .set(layouts)
+        .map_err(|_| "the token mounts were already set".to_string())
+}
+
+/// The folders lent to `owner`'s code and file tools: the server's for the local user, a
+/// token's own over HTTP (none unless `WASMBOX_TOKEN_MOUNTS` gives it some).
+pub fn for_owner(owner: &str) -> &'static Layout {
+    if owner == crate::sandbox::LOCAL_OWNER {
+        return server_layout();
+    }
+    TOKENS.get().and_then(|t| t.get(owner)).unwrap_or(&EMPTY)
+}
+
+/// `owner`'s folders when they differ from the server's, which pooled and spare instances
+/// are made with (`None`: those instances fit).
+pub fn unlike_pooled(owner: &str) -> Option<&'static Layout> {
+    let lent = for_owner(owner);
+    let pooled = server_layout();
+    let same = std::ptr::eq(lent, pooled) || lent.mounts.is_empty() && pooled.mounts.is_empty();
+    (!same).then_some(lent)
+}
+
+/// No folders lent: what images are built with (their baked preopen tables hold only the
+/// slots, so one image serves every layout).
+pub fn none() -> &'static Layout {
+    &EMPTY
+}
+
+static EMPTY: Layout = Layout {
+    mounts: Vec::new(),
+    dirs: Vec::new(),
+    budgets: Vec::new(),
+};
 
 /// Sets the mounts every guest of this process gets (once, at start).
 pub fn set_server_layout(layout: Layout) -> Result<(), String> {
@@ -187,14 +282,9 @@ pub fn set_server_layout(layout: Layout) -> Result<(), String> {
         .map_err(|_| "the mounts were already set".to_string())
 }
 
-/// The mounts every guest gets (none unless set).
+/// The mounts the local user's guests get, and pooled instances are made with (none unless set).
 pub fn server_layout() -> &'static Layout {
-    static NONE: Layout = Layout {
-        mounts: Vec::new(),
-        dirs: Vec::new(),
-        budgets: Vec::new(),
-    };
-    SERVER.get().unwrap_or(&NONE)
+    SERVER.get().unwrap_or(&EMPTY)
 }
 
 /// A slot's host directory: the empty directory, or (with mounts below it) one holding an

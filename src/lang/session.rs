@@ -118,7 +118,12 @@ fn instance_for(
     clock: Duration,
     memory_pages: u64,
 ) -> Result<Made> {
-    match rt.spares().take(req.place.as_ref(), clock, memory_pages) {
+    // Spares are made with the server's lent folders; a token lent others gets a fresh one.
+    let spare = match super::mounts::unlike_pooled(&req.owner) {
+        None => rt.spares().take(req.place.as_ref(), clock, memory_pages),
+        Some(_) => None,
+    };
+    match spare {
         Some(made) => Ok(made),
         None => rt.instantiate(req, clock).map(|(guest, instance)| Made {
             guest,

@@ -7,7 +7,7 @@ use rmcp::ServiceExt;
 use super::WasmboxServer;
 use crate::Wasmbox;
 
-pub use super::streamable::{HttpOptions, http_tokens, serve_http};
+pub use super::streamable::{HttpOptions, http_tokens, serve_http, token_owner};
 
 /// Serves MCP over stdin/stdout until the client closes the connection.
 pub async fn serve_stdio(wasmbox: Wasmbox) -> anyhow::Result<()> {

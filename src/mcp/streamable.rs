@@ -40,6 +40,11 @@ fn owner_id(digest: &[u8; 32]) -> String {
     format!("token-{}", hex::encode(&digest[..8]))
 }
 
+/// The owner id calls made with `token` carry.
+pub fn token_owner(token: &str) -> String {
+    owner_id(&Sha256::digest(token.as_bytes()).into())
+}
+
 /// Serves MCP's streamable HTTP transport at `/mcp` until SIGINT/SIGTERM, every request
 /// authenticated by a bearer token.
 pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<()> {

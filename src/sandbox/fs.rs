@@ -22,6 +22,7 @@ use crate::lang::guest::WORKSPACE_GUEST;
 pub use crate::engine::disk::Quota;
 use crate::engine::disk::{DiskBudget, Over};
 pub use crate::fit::{json_prefix, text_window};
+use crate::lang::mounts::Layout;
 
 /// What went wrong with a file operation, in terms the caller can act on.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +135,9 @@ pub struct Workspace {
     dir: Dir,
     /// `workspace/` and `tmp/` together, shared with the sandbox's guests.
     budget: Arc<DiskBudget>,
+    /// Whose folders are lent beside it (none until [`Workspace::lent`]); looked up at each
+    /// use, as HTTP tokens' folders are set once the server knows its tokens.
+    owner: Option<Arc<str>>,
 }
 
 impl Workspace {
@@ -148,7 +152,12 @@ impl Workspace {
         b.create(root.join("tmp"))?;
         let dir = Dir::open_ambient_dir(root.join("workspace"), ambient_authority())?;
         let budget = DiskBudget::empty(vec![root.join("workspace"), root.join("tmp")], quota);
-        Ok(Self { root, dir, budget })
+        Ok(Self {
+            root,
+            dir,
+            budget,
+            owner: None,
+        })
     }
 
     /// Opens the workspace a previous server left at `<parent>/<id>` (restart recovery).
@@ -157,10 +166,31 @@ impl Workspace {
         std::fs::create_dir_all(root.join("tmp"))?;
         let dir = Dir::open_ambient_dir(root.join("workspace"), ambient_authority())?;
         let budget = DiskBudget::new(vec![root.join("workspace"), root.join("tmp")], quota);
-        Ok(Self { root, dir, budget })
+        Ok(Self {
+            root,
+            dir,
+            budget,
+            owner: None,
+        })
     }
 
     /// The host directory holding `workspace/`, `tmp/` and the registry's files.
+    /// The workspace with `owner`'s folders lent beside it.
+    pub fn lent(self, owner: &str) -> Self {
+        Self {
+            owner: Some(owner.into()),
+            ..self
+        }
+    }
+
+    /// The folders lent beside it.
+    pub fn mounts(&self) -> &'static Layout {
+        match &self.owner {
+            Some(o) => crate::lang::mounts::for_owner(o),
+            None => crate::lang::mounts::none(),
+        }
+    }
+
     pub fn host_root(&self) -> &Path {
         &self.root
     }
@@ -199,7 +229,7 @@ impl Workspace {
         if path.contains('\0') {
             return Err(escape());
         }
-        let layout = crate::lang::mounts::server_layout();
+        let layout = self.mounts();
         let under = |root: &str| {
             path.strip_prefix(root)
                 .filter(|rest| rest.is_empty() || rest.starts_with('/'))
@@ -246,7 +276,7 @@ impl Workspace {
     fn dir_of(&self, p: &GuestPath) -> &Dir {
         match p.mount {
             None => &self.dir,
-            Some(i) => &crate::lang::mounts::server_layout().dirs[i],
+            Some(i) => &self.mounts().dirs[i],
         }
     }
 
@@ -256,7 +286,7 @@ impl Workspace {
         match p.mount {
             None => Ok((&self.dir, &self.budget)),
             Some(i) => {
-                let layout = crate::lang::mounts::server_layout();
+                let layout = self.mounts();
                 match &layout.budgets[i] {
                     Some(b) => Ok((&layout.dirs[i], b)),
                     None => Err(FsError::ReadOnly(p.guest.clone())),
@@ -409,7 +439,7 @@ impl Workspace {
     }
 
     pub fn list(&self, path: &str) -> Result<(GuestPath, Vec<Entry>), FsError> {
-        if let Some(listed) = list_slot(path) {
+        if let Some(listed) = list_slot(self.mounts(), path) {
             return listed;
         }
         let p = self.resolve(path)?;
@@ -551,8 +581,7 @@ impl Workspace {
 }
 
 /// `/data` or `/mnt` when only folders below it are lent: those folders.
-fn list_slot(path: &str) -> Option<Result<(GuestPath, Vec<Entry>), FsError>> {
-    let layout = crate::lang::mounts::server_layout();
+fn list_slot(layout: &Layout, path: &str) -> Option<Result<(GuestPath, Vec<Entry>), FsError>> {
     let slot = path.trim_end_matches('/');
     if !crate::lang::guest::MOUNT_SLOTS.contains(&slot) || layout.at_slot(slot).is_some() {
         return None;

@@ -167,7 +167,7 @@ impl Sandboxes {
             return None;
         };
         let fs = match Workspace::open(&self.root(), id, self.config.quota) {
-            Ok(fs) => fs,
+            Ok(fs) => fs.lent(&meta.owner),
             Err(e) => {
                 self.quarantine(id, &dir, &format!("workspace unusable ({e})"));
                 return None;
@@ -288,7 +288,7 @@ impl Sandboxes {
         }
         // 122 random bits: ids are capabilities, never guessable.
         let id = format!("wb{}", uuid::Uuid::new_v4().simple());
-        let fs = Workspace::create(&self.root(), &id, self.config.quota)?;
+        let fs = Workspace::create(&self.root(), &id, self.config.quota)?.lent(owner);
         let claim = if self.persistent() {
             match claim(fs.host_root()) {
                 Ok(Some(c)) => Some(c),

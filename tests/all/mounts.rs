@@ -332,6 +332,110 @@ fn walk_bytes(dir: &std::path::Path) -> u64 {
         .sum()
 }
 
+const A: &str = "token-alice-0123456789abcdef";
+const B: &str = "token-bob-fedcba9876543210";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_each_token_sees_only_its_own_folders() {
+    let a = tempfile::tempdir().unwrap();
+    std::fs::write(a.path().join("f.txt"), "alice's").unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let lent = format!(
+        "{A}={}:/data/a;{B}={}:/mnt:rw",
+        a.path().display(),
+        b.path().display()
+    );
+    let tokens = format!("{A},{B}");
+    let server = HttpServer::start(
+        &[("WASMBOX_TOKEN", &tokens), ("WASMBOX_TOKEN_MOUNTS", &lent)],
+        &[],
+    )
+    .await;
+    let alice = server.client(A).await.unwrap();
+    let bob = server.client(B).await.unwrap();
+    let probe = "import os\ntry:\n    print(open('/data/a/f.txt').read())\nexcept OSError as e:\n    print(type(e).__name__)\nprint(os.listdir('/mnt'))";
+    let r = run(&alice, "python", probe, json!({})).await;
+    assert_eq!(r["stdout"], "alice's\n[]\n", "{r}");
+    let r = run(
+        &bob,
+        "python",
+        &format!("{probe}\nopen('/mnt/b.txt', 'w').write('bob')"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "FileNotFoundError\n[]\n", "{r}");
+    assert_eq!(
+        std::fs::read_to_string(b.path().join("b.txt")).unwrap(),
+        "bob"
+    );
+    // Sandboxes, their sessions and the file tools follow the same line.
+    for (c, sees) in [(&alice, true), (&bob, false)] {
+        let sb = object(&call(c, "create_sandbox", json!({})).await)["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let r = run(
+            c,
+            "javascript",
+            "const fs = require('fs'); try { console.log(fs.readFileSync('/data/a/f.txt', 'utf8')) } catch (e) { console.log(e.code) }",
+            json!({"sandbox_id": sb, "mode": "persistent"}),
+        )
+        .await;
+        let want = if sees { "alice's\n" } else { "ENOENT\n" };
+        assert_eq!(r["stdout"], want, "{r}");
+        let read = call(
+            c,
+            "file_read",
+            json!({"sandbox_id": sb, "path": "/data/a/f.txt"}),
+        )
+        .await;
+        assert_eq!(read.is_error == Some(true), !sees, "{:?}", read.content);
+    }
+    let ha = object(&call(&alice, "health", json!({})).await);
+    assert_eq!(
+        ha["mounts"],
+        json!([{"path": "/data/a", "mode": "ro"}]),
+        "{ha}"
+    );
+    let hb = object(&call(&bob, "health", json!({})).await);
+    assert_eq!(hb["mounts"][0]["path"], "/mnt", "{hb}");
+    assert_eq!(hb["mounts"][0]["mode"], "rw", "{hb}");
+}
+
+#[test]
+fn token_mounts_name_only_served_tokens() {
+    prepare();
+    let d = tempfile::tempdir().unwrap();
+    for (lent, says) in [
+        (
+            format!("not-a-served-token-000000={}:/data", d.path().display()),
+            "not one of WASMBOX_TOKEN's",
+        ),
+        (
+            format!("{A}={0}:/data:rw;{B}={0}:/mnt:rw", d.path().display()),
+            "lent rw to two tokens",
+        ),
+    ] {
+        let out = std::process::Command::new(BIN)
+            .args(["serve", "--http", "127.0.0.1:0"])
+            .env("WASMBOX_TOKEN", format!("{A},{B}"))
+            .env("WASMBOX_TOKEN_MOUNTS", &lent)
+            .env("WASMBOX_DATA", "none")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("WASMBOX_TOKEN_MOUNTS") && err.contains(says),
+            "{err}"
+        );
+        assert!(
+            !err.contains("not-a-served-token"),
+            "the token is never printed: {err}"
+        );
+    }
+}
+
 #[test]
 fn serve_over_http_refuses_lent_folders() {
     prepare();
@@ -346,7 +450,7 @@ fn serve_over_http_refuses_lent_folders() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("WASMBOX_MOUNTS") && err.contains("serve --http"),
+        err.contains("WASMBOX_MOUNTS") && err.contains("WASMBOX_TOKEN_MOUNTS"),
         "{err}"
     );
 }

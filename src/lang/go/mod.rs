@@ -248,7 +248,7 @@ impl GoRuntime {
             argv: &["main.wasm"],
             base_env: BASE_ENV,
             read_only: Vec::new(),
-            mounts: crate::lang::mounts::server_layout(),
+            mounts: crate::lang::mounts::for_owner(&req.owner),
         };
         let mut guest = Guest::new(&loaded.engine, &run_req, &spec)?;
         // The deadline covers build and run: a timeout note names the caller's.

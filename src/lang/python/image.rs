@@ -13,7 +13,7 @@ use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::threads::on_guest_stack;
 use crate::engine::{self, snapshot};
 use crate::lang::door::linker;
-use crate::lang::guest::{Guest, engine_err};
+use crate::lang::guest::{Guest, GuestSpec, engine_err};
 
 /// The code run during the image's warm-up, after the prologue.
 fn warmup_code(preimport: &[String]) -> String {
@@ -38,7 +38,7 @@ fn warmup_code(preimport: &[String]) -> String {
 pub fn image_key(module_sha: &str, stdlib_sha: &str, preimport: &[String]) -> String {
     let mut d = Sha256::new();
     for part in [
-        "wasmbox-python-image-v3",
+        "wasmbox-python-image-v4",
         snapshot::IMAGE_FORMAT,
         module_sha,
         stdlib_sha,
@@ -96,7 +96,12 @@ fn build_image(paths: &PythonPaths, preimport: &[String]) -> Result<Vec<u8>> {
     // The warm-up needs a guest thread's stack, like every wasm run.
     on_guest_stack("image warm-up", || {
         snapshot::build(&warm_engine, &wasm, "python image", |module| {
-            let mut guest = Guest::unarmed(&warm_engine, &paths.spec(), &BTreeMap::new())?;
+            // The slots only: the image's preopen table is every server's, whatever it lends.
+            let spec = GuestSpec {
+                mounts: crate::lang::mounts::none(),
+                ..paths.spec()
+            };
+            let mut guest = Guest::unarmed(&warm_engine, &spec, &BTreeMap::new())?;
             let instance = linker
                 .instantiate(&mut guest.store, module)
                 .map_err(engine_err)?;

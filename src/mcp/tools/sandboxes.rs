@@ -1,6 +1,7 @@
 //! Sandboxes' lives: create, list, get, delete, lifetime, pause and resume, and what a HOPX
 //! VM would report (`ping_vm`, `get_vm_info`, the URLs a local sandbox does not have).
 
+use crate::lang::mounts::Layout;
 use std::collections::BTreeMap;
 
 use rmcp::{tool, tool_router};
@@ -150,8 +151,7 @@ pub struct MountReply {
 }
 
 /// What a fork or snapshot says of the lent folders: they stay the host's.
-pub(super) fn mounts_note() -> Option<String> {
-    let layout = crate::lang::mounts::server_layout();
+pub(super) fn mounts_note(layout: &Layout) -> Option<String> {
     (!layout.mounts.is_empty()).then(|| {
         let at: Vec<&str> = layout.mounts.iter().map(|m| m.guest.as_str()).collect();
         format!(
@@ -161,9 +161,8 @@ pub(super) fn mounts_note() -> Option<String> {
     })
 }
 
-/// The server's lent folders, when it lends any.
-pub(super) fn mounts() -> Option<Vec<MountReply>> {
-    let layout = crate::lang::mounts::server_layout();
+/// The folders lent to a caller, when there are any.
+pub(super) fn mounts(layout: &Layout) -> Option<Vec<MountReply>> {
     (!layout.mounts.is_empty()).then(|| {
         layout
             .mounts
@@ -403,7 +402,7 @@ impl WasmboxServer {
         };
         Ok(Json::new(SandboxReply {
             id: Some(sb.id.clone()),
-            mounts: mounts(),
+            mounts: mounts(sb.fs.mounts()),
             ..SandboxReply::described(sb.info(), Vec::new())
         }))
     }
@@ -606,7 +605,7 @@ pub(super) fn created(sb: &crate::sandbox::Sandbox, notes: Vec<String>) -> Sandb
         languages: Some(sb.template.languages.to_vec()),
         allow_hosts: sb.allow_hosts(),
         location: Some("local".into()),
-        mounts: mounts(),
+        mounts: mounts(sb.fs.mounts()),
         notes: (!notes.is_empty()).then_some(notes),
         ..Default::default()
     }

@@ -286,7 +286,7 @@ impl WasmboxServer {
             sandboxes: self.wasmbox.sandboxes().count(&self.owner),
             runtimes: self.runtimes(),
             go_cache: self.wasmbox.go_cache_stats(),
-            mounts: super::sandboxes::mounts(),
+            mounts: super::sandboxes::mounts(crate::lang::mounts::for_owner(&self.owner)),
         }))
     }
 

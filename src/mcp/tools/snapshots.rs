@@ -112,7 +112,7 @@ impl WasmboxServer {
             .fork_sandbox(&a.sandbox_id, &self.owner)
             .await
             .map_err(|e| failed("Failed to fork sandbox", "sandbox_id", &a.sandbox_id, e))?;
-        notes.extend(super::sandboxes::mounts_note());
+        notes.extend(super::sandboxes::mounts_note(sb.fs.mounts()));
         Ok(Json::new(created(&sb, notes)))
     }
 
@@ -138,7 +138,8 @@ impl WasmboxServer {
             .await
             .map_err(|e| failed("Failed to snapshot sandbox", "sandbox_id", &a.sandbox_id, e))?;
         let mut reply = SnapshotReply::from(&meta);
-        reply.notes = super::sandboxes::mounts_note().map(|n| vec![n]);
+        reply.notes = super::sandboxes::mounts_note(crate::lang::mounts::for_owner(&self.owner))
+            .map(|n| vec![n]);
         Ok(Json::new(reply))
     }
 
