@@ -334,6 +334,7 @@ fn walk_bytes(dir: &std::path::Path) -> u64 {
 
 const A: &str = "token-alice-0123456789abcdef";
 const B: &str = "token-bob-fedcba9876543210";
+const C: &str = "token-carol-00112233445566";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http_each_token_sees_only_its_own_folders() {
@@ -345,7 +346,7 @@ async fn over_http_each_token_sees_only_its_own_folders() {
         a.path().display(),
         b.path().display()
     );
-    let tokens = format!("{A},{B}");
+    let tokens = format!("{A},{B},{C}");
     let server = HttpServer::start(
         &[("WASMBOX_TOKEN", &tokens), ("WASMBOX_TOKEN_MOUNTS", &lent)],
         &[],
@@ -353,6 +354,7 @@ async fn over_http_each_token_sees_only_its_own_folders() {
     .await;
     let alice = server.client(A).await.unwrap();
     let bob = server.client(B).await.unwrap();
+    let carol = server.client(C).await.unwrap();
     let probe = "import os\ntry:\n    print(open('/data/a/f.txt').read())\nexcept OSError as e:\n    print(type(e).__name__)\nprint(os.listdir('/mnt'))";
     let r = run(&alice, "python", probe, json!({})).await;
     assert_eq!(r["stdout"], "alice's\n[]\n", "{r}");
@@ -368,8 +370,11 @@ async fn over_http_each_token_sees_only_its_own_folders() {
         std::fs::read_to_string(b.path().join("b.txt")).unwrap(),
         "bob"
     );
+    // A token lent nothing sees nothing.
+    let r = run(&carol, "python", probe, json!({})).await;
+    assert_eq!(r["stdout"], "FileNotFoundError\n[]\n", "{r}");
     // Sandboxes, their sessions and the file tools follow the same line.
-    for (c, sees) in [(&alice, true), (&bob, false)] {
+    for (c, sees) in [(&alice, true), (&bob, false), (&carol, false)] {
         let sb = object(&call(c, "create_sandbox", json!({})).await)["id"]
             .as_str()
             .unwrap()
@@ -400,6 +405,8 @@ async fn over_http_each_token_sees_only_its_own_folders() {
     let hb = object(&call(&bob, "health", json!({})).await);
     assert_eq!(hb["mounts"][0]["path"], "/mnt", "{hb}");
     assert_eq!(hb["mounts"][0]["mode"], "rw", "{hb}");
+    let hc = object(&call(&carol, "health", json!({})).await);
+    assert!(hc.get("mounts").is_none(), "{hc}");
 }
 
 #[test]
