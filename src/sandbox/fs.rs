@@ -19,10 +19,10 @@ use serde::Serialize;
 
 use crate::lang::guest::WORKSPACE_GUEST;
 
+use super::lent::{lent_at, list_slot};
 pub use crate::engine::disk::Quota;
 use crate::engine::disk::{DiskBudget, Over};
 pub use crate::fit::{json_prefix, text_window};
-use crate::lang::mounts::Layout;
 
 /// What went wrong with a file operation, in terms the caller can act on.
 #[derive(Debug, thiserror::Error)]
@@ -80,10 +80,10 @@ pub enum FsError {
 /// A resolved path: relative to the workspace root ("." for the root), and its guest form.
 #[derive(Clone, Debug)]
 pub struct GuestPath {
-    rel: PathBuf,
-    guest: String,
+    pub(super) rel: PathBuf,
+    pub(super) guest: String,
     /// A lent folder's index in the server's mounts (`None`: the workspace).
-    mount: Option<usize>,
+    pub(super) mount: Option<usize>,
 }
 
 impl GuestPath {
@@ -131,13 +131,13 @@ pub struct Entry {
 /// The workspace of one sandbox.
 pub struct Workspace {
     /// Host directory holding `workspace/` and `tmp/`; removed with the sandbox.
-    root: PathBuf,
-    dir: Dir,
+    pub(super) root: PathBuf,
+    pub(super) dir: Dir,
     /// `workspace/` and `tmp/` together, shared with the sandbox's guests.
-    budget: Arc<DiskBudget>,
+    pub(super) budget: Arc<DiskBudget>,
     /// Whose folders are lent beside it (none until [`Workspace::lent`]); looked up at each
     /// use, as HTTP tokens' folders are set once the server knows its tokens.
-    owner: Option<Arc<str>>,
+    pub(super) owner: Option<Arc<str>>,
 }
 
 impl Workspace {
@@ -175,22 +175,6 @@ impl Workspace {
     }
 
     /// The host directory holding `workspace/`, `tmp/` and the registry's files.
-    /// The workspace with `owner`'s folders lent beside it.
-    pub fn lent(self, owner: &str) -> Self {
-        Self {
-            owner: Some(owner.into()),
-            ..self
-        }
-    }
-
-    /// The folders lent beside it.
-    pub fn mounts(&self) -> &'static Layout {
-        match &self.owner {
-            Some(o) => crate::lang::mounts::for_owner(o),
-            None => crate::lang::mounts::none(),
-        }
-    }
-
     pub fn host_root(&self) -> &Path {
         &self.root
     }
@@ -229,20 +213,13 @@ impl Workspace {
         if path.contains('\0') {
             return Err(escape());
         }
-        let layout = self.mounts();
-        let under = |root: &str| {
-            path.strip_prefix(root)
-                .filter(|rest| rest.is_empty() || rest.starts_with('/'))
-        };
-        let (root, mount, rest) = if let Some(rest) = under(WORKSPACE_GUEST) {
-            (WORKSPACE_GUEST, None, rest.trim_start_matches('/'))
-        } else if let Some((i, m, rest)) = layout
-            .mounts
-            .iter()
-            .enumerate()
-            .find_map(|(i, m)| under(&m.guest).map(|r| (i, m, r)))
+        let (root, mount, rest) = if let Some(rest) = path
+            .strip_prefix(WORKSPACE_GUEST)
+            .filter(|rest| rest.is_empty() || rest.starts_with('/'))
         {
-            (m.guest.as_str(), Some(i), rest.trim_start_matches('/'))
+            (WORKSPACE_GUEST, None, rest.trim_start_matches('/'))
+        } else if let Some((i, m, rest)) = lent_at(self.mounts(), path) {
+            (m, Some(i), rest)
         } else if path.starts_with('/') {
             return Err(escape());
         } else {
@@ -270,29 +247,6 @@ impl Workspace {
             format!("{root}/{}", parts.join("/"))
         };
         Ok(GuestPath { rel, guest, mount })
-    }
-
-    /// The directory a path resolves in: the workspace, or a lent folder.
-    fn dir_of(&self, p: &GuestPath) -> &Dir {
-        match p.mount {
-            None => &self.dir,
-            Some(i) => &self.mounts().dirs[i],
-        }
-    }
-
-    /// Where a change at `p` is made and counted: the workspace, or a lent `rw` folder (a
-    /// read-only one refuses).
-    fn writable(&self, p: &GuestPath) -> Result<(&Dir, &Arc<DiskBudget>), FsError> {
-        match p.mount {
-            None => Ok((&self.dir, &self.budget)),
-            Some(i) => {
-                let layout = self.mounts();
-                match &layout.budgets[i] {
-                    Some(b) => Ok((&layout.dirs[i], b)),
-                    None => Err(FsError::ReadOnly(p.guest.clone())),
-                }
-            }
-        }
     }
 
     /// Up to `max` bytes from `offset`.
@@ -580,42 +534,6 @@ impl Workspace {
     }
 }
 
-/// `/data` or `/mnt` when only folders below it are lent: those folders.
-fn list_slot(layout: &Layout, path: &str) -> Option<Result<(GuestPath, Vec<Entry>), FsError>> {
-    let slot = path.trim_end_matches('/');
-    if !crate::lang::guest::MOUNT_SLOTS.contains(&slot) || layout.at_slot(slot).is_some() {
-        return None;
-    }
-    let p = GuestPath {
-        rel: PathBuf::from("."),
-        guest: slot.to_string(),
-        mount: None,
-    };
-    let mut out = Vec::new();
-    for (name, i, m) in layout.below(slot) {
-        let meta = match layout.dirs[i].dir_metadata() {
-            Ok(meta) => meta,
-            Err(e) => return Some(Err(io_err(&p, e))),
-        };
-        out.push(Entry {
-            path: m.guest.clone(),
-            name: name.to_string(),
-            size: meta.len(),
-            is_directory: true,
-            modified_time: meta
-                .modified()
-                .ok()
-                .map(|t| humantime::format_rfc3339_seconds(t.into_std()).to_string()),
-            permissions: permissions(&meta),
-        });
-    }
-    if out.is_empty() {
-        return None;
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    Some(Ok((p, out)))
-}
-
 fn quota_err(p: &GuestPath, o: Over) -> FsError {
     let (what, would, limit) = if o.entries > o.quota.max_entries {
         ("files and directories", o.entries, o.quota.max_entries)
@@ -668,7 +586,7 @@ fn read_at(p: &GuestPath, mut file: File, offset: u64, limit: u64) -> Result<Vec
     Ok(buf)
 }
 
-fn io_err(p: &GuestPath, e: io::Error) -> FsError {
+pub(super) fn io_err(p: &GuestPath, e: io::Error) -> FsError {
     match e.kind() {
         io::ErrorKind::NotFound => FsError::NotFound(p.guest.clone()),
         // cap-std's answer to a path that leads out of the directory (a symlink, mostly).
@@ -682,7 +600,7 @@ fn io_err(p: &GuestPath, e: io::Error) -> FsError {
     }
 }
 
-fn permissions(meta: &cap_std::fs::Metadata) -> String {
+pub(super) fn permissions(meta: &cap_std::fs::Metadata) -> String {
     #[cfg(unix)]
     {
         use cap_std::fs::PermissionsExt;

@@ -20,6 +20,7 @@ pub mod budget;
 pub mod copy;
 pub mod fs;
 pub mod jobs;
+mod lent;
 mod meta;
 mod quarantine;
 mod registry;
