@@ -75,6 +75,10 @@ pub struct Config {
     pub sessions_per_token: usize,
     /// What guests may reach through the host (`reach::ReachConfig::from_env`).
     pub reach: crate::reach::ReachConfig,
+    /// A folder of `.whl` files installs look in first (`WASMBOX_WHEELHOUSE`).
+    pub wheelhouse: Option<PathBuf>,
+    /// The package index's base URL (`WASMBOX_PACKAGE_INDEX`; PyPI), asked unless offline.
+    pub package_index: String,
 }
 
 /// Where async results may be POSTed, and the key that signs them.
@@ -113,7 +117,7 @@ impl Config {
     /// `WASMBOX_SNAPSHOT_DISK_MB` (per owner: snapshots and saved sessions), `WASMBOX_STATE_MB`
     /// (one session's saved state; default the memory limit), `WASMBOX_LIVE_SESSIONS` (in memory at once),
     /// `WASMBOX_WEBHOOK_ALLOW_ANY`, `WASMBOX_WEBHOOK_ALLOW_PRIVATE` (with ALLOW_ANY only),
-    /// `WASMBOX_WEBHOOK_SECRET`, and for the HOPX cloud (read by [`CloudConfig::from_env`])
+    /// `WASMBOX_WEBHOOK_SECRET`, `WASMBOX_WHEELHOUSE`, `WASMBOX_PACKAGE_INDEX`, and for the HOPX cloud (read by [`CloudConfig::from_env`])
     /// `HOPX_API_KEY`, `HOPX_BASE_URL`, `WASMBOX_OFFLINE`, `WASMBOX_MAX_CLOUD_SANDBOXES`,
     /// `WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN` and `WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT` (seconds).
     /// The Go runtime reads its own at load: `WASMBOX_GO`, `WASMBOX_GO_CACHE_MB`,
@@ -221,6 +225,13 @@ impl Config {
             },
             sessions_per_token: env_num("WASMBOX_SESSIONS_PER_TOKEN").unwrap_or(16).max(1),
             reach: crate::reach::ReachConfig::from_env(),
+            wheelhouse: std::env::var_os("WASMBOX_WHEELHOUSE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            package_index: std::env::var("WASMBOX_PACKAGE_INDEX")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "https://pypi.org".into()),
             webhook: WebhookConfig {
                 allow_any_host: std::env::var("WASMBOX_WEBHOOK_ALLOW_ANY").is_ok_and(|v| v == "1"),
                 allow_private: std::env::var("WASMBOX_WEBHOOK_ALLOW_PRIVATE")

@@ -30,6 +30,9 @@ pub enum Error {
     #[error(transparent)]
     Cloud(#[from] CloudError),
 
+    #[error(transparent)]
+    Package(#[from] crate::packages::PackageError),
+
     #[error("the client cancelled the call{0}")]
     Cancelled(&'static str),
 }

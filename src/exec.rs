@@ -116,6 +116,7 @@ impl Wasmbox {
             images: cfg.images,
             owner,
             reach: Some(reach),
+            packages: Vec::new(),
         })
     }
 
@@ -265,6 +266,9 @@ impl Wasmbox {
             ));
         }
         req.place = Some(sb.place(cwd, stop));
+        if req.language == Language::Python {
+            req.packages = sb.packages().iter().map(|t| t.guest_path()).collect();
+        }
         // The work is the sandbox owner's, whoever the library was called by.
         req.owner = sb.owner.as_str().into();
         sb.executions.fetch_add(1, Ordering::Relaxed);

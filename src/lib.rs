@@ -11,6 +11,7 @@ mod exec;
 pub mod fit;
 pub mod lang;
 pub mod mcp;
+pub mod packages;
 pub mod reach;
 mod runtimes;
 pub mod sandbox;
@@ -63,6 +64,8 @@ struct Inner {
     reach: Arc<reach::Reach>,
     /// The HOPX client; whether it may be used is `cloud::route`'s call.
     cloud: Option<cloud::Cloud>,
+    /// Where installed Python packages come from and are kept.
+    packages: Arc<packages::Packages>,
     /// Cloud sandboxes, by their wasmbox id.
     cloud_sandboxes: std::sync::Mutex<std::collections::HashMap<String, Arc<CloudSandbox>>>,
 }
@@ -97,12 +100,20 @@ impl Wasmbox {
         let sandboxes = Sandboxes::new(config.sandbox.clone())
             .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
         let webhook_key = sandbox::webhook::secret(&config.webhook, &config.cache_dir);
+        let packages = packages::Packages::new(
+            &config.cache_dir,
+            lang::python::PythonPaths::new(&config.runtimes_dir).stdlib_zip(),
+            config.wheelhouse.clone(),
+            (!config.cloud.offline).then_some(config.package_index.as_str()),
+        )
+        .map_err(|e| Error::io(&config.cache_dir, e))?;
         let wb = Self {
             inner: Arc::new(Inner {
                 cloud: cloud::Cloud::new(config.cloud.clone())
                     .inspect_err(|e| tracing::warn!("the HOPX client is unavailable: {e}"))
                     .ok(),
                 sandboxes,
+                packages: Arc::new(packages),
                 cloud_sandboxes: Default::default(),
                 webhook_key,
                 http: sandbox::webhook::client(&config.webhook)

@@ -105,7 +105,7 @@ impl Wasmbox {
             Ok(PythonRuntime::load(
                 &inner.engine,
                 &inner.cache,
-                PythonPaths::new(&inner.config.runtimes_dir),
+                PythonPaths::new(&inner.config.runtimes_dir).with_packages(inner.packages.store()),
                 &inner.config.python,
                 &inner.config.pool,
             )?)

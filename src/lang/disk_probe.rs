@@ -258,12 +258,14 @@ impl Probe {
             images: None,
             owner: "probe".into(),
             reach: None,
+            packages: Vec::new(),
         };
         let spec = GuestSpec {
             argv: &["probe"],
             base_env: &[],
             read_only: Vec::new(),
             mounts,
+            after_slots: Vec::new(),
         };
         let mut guest = Guest::new(engine, &req, &spec)?;
         let budget = guest.disk_budget().expect("an armed guest has a budget");

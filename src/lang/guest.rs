@@ -72,6 +72,8 @@ pub struct GuestSpec<'a> {
     pub read_only: Vec<(&'a Path, &'a str)>,
     /// The host folders lent to it, under [`MOUNT_SLOTS`].
     pub mounts: &'a super::mounts::Layout,
+    /// Read-only folders preopened after the slots (and before folders lent below them).
+    pub after_slots: Vec<(&'a Path, &'a str)>,
 }
 
 /// Exit code of a guest stopped from outside (killed, or its sandbox went away), as a shell
@@ -174,6 +176,11 @@ impl Parts {
             };
             wasi.preopened_dir(&host, slot, perms).map_err(engine_err)?;
             reroutes.slots[i] = Some(next_fd);
+            next_fd += 1;
+        }
+        for (host, guest) in &spec.after_slots {
+            wasi.preopened_dir(host, guest, FsPerms::ReadOnly)
+                .map_err(engine_err)?;
             next_fd += 1;
         }
         for (slot, name, at, m) in below {

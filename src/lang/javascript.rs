@@ -233,6 +233,7 @@ fn spec() -> GuestSpec<'static> {
         base_env: BASE_ENV,
         read_only: Vec::new(),
         mounts: super::mounts::server_layout(),
+        after_slots: Vec::new(),
     }
 }
 

@@ -100,6 +100,9 @@ pub struct ExecRequest {
     pub owner: crate::engine::cpu::Owner,
     /// What the run's guest may reach through the door (`None`: nothing).
     pub reach: Option<Arc<crate::reach::Reach>>,
+    /// Installed packages' trees (guest paths) a Python run has on `sys.path`, after the
+    /// bundled ones.
+    pub packages: Vec<String>,
 }
 
 /// Where a sandboxed execution runs: its sandbox's `/workspace` and `/tmp` (host directories

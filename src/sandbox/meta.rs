@@ -22,6 +22,8 @@ pub(super) struct Meta {
     pub(super) env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) allow_hosts: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) packages: Vec<crate::packages::Tree>,
 }
 
 /// Writes `path` so that a crash or a concurrent writer leaves the old or the new content,
@@ -145,6 +147,7 @@ impl Sandbox {
                 paused: l.paused,
                 env: self.env.lock().unwrap().clone(),
                 allow_hosts: self.allow_hosts.lock().unwrap().clone(),
+                packages: self.packages.lock().unwrap().clone(),
             }
         };
         let path = self.fs.host_root().join("meta.json");

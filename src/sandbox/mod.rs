@@ -167,6 +167,8 @@ pub struct Sandbox {
     env: Mutex<BTreeMap<String, String>>,
     /// Hosts its runs may reach, within the server's `WASMBOX_ALLOW_HOSTS` (`None`: all of those).
     allow_hosts: Mutex<Option<Vec<String>>>,
+    /// Python packages installed into it: trees of the shared store, on its `sys.path`.
+    packages: Mutex<Vec<crate::packages::Tree>>,
     pub fs: Arc<Workspace>,
     /// Raised when the sandbox goes: whatever still runs in it stops.
     pub stop: Arc<Stop>,
@@ -214,6 +216,9 @@ pub struct SandboxInfo {
     /// Hosts its code may reach over HTTP (`allow_hosts`); absent: all the server allows.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_hosts: Option<Vec<String>>,
+    /// Python packages installed with install_packages, as `name==version`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<String>,
     pub workspace: WorkspaceUsage,
     pub executions: u64,
     pub jobs_running: usize,
@@ -319,6 +324,29 @@ impl Sandbox {
         self.save();
     }
 
+    /// Its installed packages.
+    pub fn packages(&self) -> Vec<crate::packages::Tree> {
+        self.packages.lock().unwrap().clone()
+    }
+
+    /// Sets its packages (a fork's or a snapshot's, not yet saved).
+    pub fn packages_mut(&self) -> std::sync::MutexGuard<'_, Vec<crate::packages::Tree>> {
+        self.packages.lock().unwrap()
+    }
+
+    /// Adds installed trees, each replacing one of the same name, and saves the list.
+    pub fn add_packages(&self, trees: impl IntoIterator<Item = crate::packages::Tree>) {
+        {
+            let mut have = self.packages.lock().unwrap();
+            for t in trees {
+                let n = crate::packages::wheel::normalize(&t.name);
+                have.retain(|h| crate::packages::wheel::normalize(&h.name) != n);
+                have.push(t);
+            }
+        }
+        self.save();
+    }
+
     /// The sandbox's env with the call's on top.
     pub fn env_with(&self, call: &BTreeMap<String, String>) -> BTreeMap<String, String> {
         let mut env = self.env.lock().unwrap().clone();
@@ -418,6 +446,11 @@ impl Sandbox {
             location: "local".into(),
             languages: self.template.languages.to_vec(),
             allow_hosts: self.allow_hosts(),
+            packages: self
+                .packages()
+                .iter()
+                .map(|t| format!("{}=={}", t.name, t.version))
+                .collect(),
             workspace: WorkspaceUsage {
                 bytes,
                 entries,

@@ -188,6 +188,7 @@ impl Sandboxes {
             fs,
         );
         *sandbox.allow_hosts.lock().unwrap() = meta.allow_hosts;
+        *sandbox.packages.lock().unwrap() = meta.packages;
         tracing::info!(sandbox = %id, "adopted a sandbox from an earlier run (its files, and its saved sessions on their next calls)");
         let mut map = self.map.lock().unwrap();
         // Another request may have adopted it meanwhile; the lock makes that impossible across
@@ -218,6 +219,7 @@ impl Sandboxes {
             lifetime: Mutex::new(lifetime),
             env: Mutex::new(env),
             allow_hosts: Mutex::new(None),
+            packages: Mutex::new(Vec::new()),
             fs: Arc::new(fs),
             stop: Arc::new(Stop::default()),
             sessions: Default::default(),

@@ -25,6 +25,8 @@ pub struct SnapshotMeta {
     pub env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_hosts: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<crate::packages::Tree>,
     pub created_at_ms: u64,
     /// The languages whose sessions it holds.
     pub languages: Vec<Language>,
@@ -287,6 +289,7 @@ mod tests {
             template: "python".into(),
             env: BTreeMap::new(),
             allow_hosts: None,
+            packages: Vec::new(),
             created_at_ms: now_ms(),
             languages: Vec::new(),
             size_bytes: 0,

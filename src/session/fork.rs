@@ -27,6 +27,7 @@ impl Wasmbox {
             owner,
         )?;
         *child.allow_hosts_mut() = src.allow_hosts();
+        *child.packages_mut() = src.packages();
         // The files are copied on a blocking thread while the sessions are, on a guest thread.
         let files = {
             let (src, child) = (src.clone(), child.clone());

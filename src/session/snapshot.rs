@@ -56,6 +56,7 @@ impl Wasmbox {
             template: src.template.id.to_string(),
             env: src.env(),
             allow_hosts: src.allow_hosts(),
+            packages: src.packages(),
             created_at_ms: snapshots::now_ms(),
             languages,
             size_bytes,
@@ -157,6 +158,7 @@ impl Wasmbox {
         let sandboxes = self.inner.sandboxes.clone();
         let sb = sandboxes.create_unfilled(&meta.template, timeout_secs, all_env, owner)?;
         *sb.allow_hosts_mut() = meta.allow_hosts.clone();
+        *sb.packages_mut() = meta.packages.clone();
         let filled = {
             let (sb, dir, me, sandboxes) =
                 (sb.clone(), dir.clone(), self.clone(), sandboxes.clone());

@@ -24,6 +24,7 @@ mod mcp_layer;
 mod mcp_protocol;
 mod modules;
 mod mounts;
+mod packages;
 mod progress;
 mod python_oneshot;
 mod python_pool;

@@ -249,6 +249,7 @@ impl GoRuntime {
             base_env: BASE_ENV,
             read_only: Vec::new(),
             mounts: crate::lang::mounts::for_owner(&req.owner),
+            after_slots: Vec::new(),
         };
         let mut guest = Guest::new(&loaded.engine, &run_req, &spec)?;
         // The deadline covers build and run: a timeout note names the caller's.

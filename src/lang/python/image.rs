@@ -38,7 +38,7 @@ fn warmup_code(preimport: &[String]) -> String {
 pub fn image_key(module_sha: &str, stdlib_sha: &str, preimport: &[String]) -> String {
     let mut d = Sha256::new();
     for part in [
-        "wasmbox-python-image-v4",
+        "wasmbox-python-image-v5",
         snapshot::IMAGE_FORMAT,
         module_sha,
         stdlib_sha,

@@ -84,6 +84,9 @@ pub struct PythonPaths {
     pub module: PathBuf,
     pub stdlib_dir: PathBuf,
     pub mpl_data: PathBuf,
+    /// The store of installed packages' trees, at [`crate::packages::GUEST_ROOT`] (`None`: an
+    /// empty folder there).
+    pub packages: Option<PathBuf>,
 }
 
 impl PythonPaths {
@@ -93,7 +96,21 @@ impl PythonPaths {
             module: dir.join("python-snapshot.wasm"),
             stdlib_dir: dir.join("lib"),
             mpl_data: dir.join("mpl-data"),
+            packages: None,
         }
+    }
+
+    /// With installed packages' trees from `store`.
+    pub fn with_packages(self, store: &Path) -> Self {
+        Self {
+            packages: Some(store.to_path_buf()),
+            ..self
+        }
+    }
+
+    /// The zip of the standard library and the bundled packages.
+    pub fn stdlib_zip(&self) -> PathBuf {
+        self.stdlib_dir.join("python315.zip")
     }
 
     /// Fails with a message naming the fix when `fetch-runtimes.sh` has not been run.
@@ -124,6 +141,13 @@ impl PythonPaths {
                 (&self.mpl_data, MPL_DATA_GUEST),
             ],
             mounts: crate::lang::mounts::server_layout(),
+            // After the slots: a folder the image's preopen table knows, like them.
+            after_slots: vec![(
+                self.packages
+                    .as_deref()
+                    .unwrap_or_else(|| super::scratch::empty_dir().expect("an empty folder")),
+                crate::packages::GUEST_ROOT,
+            )],
         }
     }
 }

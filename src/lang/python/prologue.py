@@ -8,6 +8,7 @@ import os, sys, json, linecache, __main__
 last = None
 limit = 0
 sent = 0
+installed = []
 
 def turn(text, name):
     # The reactor's `_run_turn` for every turn after this one, all of them the host's calls of
@@ -53,10 +54,23 @@ def figures():
     finally:
         h.Gcf.destroy_all()
 
-def run(src, echo=False, images=0, env=None, cwd=None):
+def use(paths):
+    # The sandbox's installed packages (trees under /packages), after the bundled ones so that
+    # none is ever shadowed; a tree no longer listed leaves sys.path.
+    global installed
+    if paths == installed:
+        return
+    sys.path[:] = [p for p in sys.path if p not in installed] + paths
+    installed = list(paths)
+    import importlib
+    importlib.invalidate_caches()
+
+def run(src, echo=False, images=0, env=None, cwd=None, packages=None):
     global last, limit, sent
     last = None
     limit, sent = images, 0
+    if packages is not None or installed:
+        use(packages or [])
     # Each write goes through WASI (a putenv per variable, a stat for chdir): skip them when
     # nothing changes, as in a session's later turns and a ready instance's first.
     if env is not None and env != os.environ:

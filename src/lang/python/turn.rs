@@ -53,7 +53,19 @@ pub(super) fn user_turn(req: &ExecRequest) -> String {
     if req.place.is_none() && req.env.is_empty() {
         // A fresh instance from the pool already has the base env (its warm-up turn set it), so
         // the turn skips rewriting the environment.
-        return call(("run", &req.code, req.echo, images));
+        if req.packages.is_empty() {
+            return call(("run", &req.code, req.echo, images));
+        }
+        let none: Option<()> = None;
+        return call((
+            "run",
+            &req.code,
+            req.echo,
+            images,
+            none,
+            none,
+            &req.packages,
+        ));
     }
     let cwd = req
         .place
@@ -64,7 +76,10 @@ pub(super) fn user_turn(req: &ExecRequest) -> String {
     for (k, v) in &req.env {
         full.insert(k, v);
     }
-    call(("run", &req.code, req.echo, images, full, cwd))
+    if req.packages.is_empty() {
+        return call(("run", &req.code, req.echo, images, full, cwd));
+    }
+    call(("run", &req.code, req.echo, images, full, cwd, &req.packages))
 }
 
 /// A turn after the prologue: a call of one of its `_wasmbox` functions, as the JSON array
@@ -120,6 +135,7 @@ mod tests {
             images: None,
             owner: "local".into(),
             reach: None,
+            packages: Vec::new(),
         };
         let t = user_turn(&req);
         assert!(t.contains(r#""A":"x\"y\n""#), "{t}");

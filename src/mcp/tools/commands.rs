@@ -226,6 +226,9 @@ impl WasmboxServer {
             Target::Local(sb) => sb,
             Target::Cloud(c) => return self.command_in_cloud(&c, a, background).await,
         };
+        if let Some(pip) = pip_install(&a.command) {
+            return self.pip_install(&sb, &a.command, pip).await;
+        }
         let local = match crate::cloud::classify_command(&a.command) {
             crate::cloud::CommandClass::Local(l) => l,
             crate::cloud::CommandClass::NeedsShell(why) => {
@@ -300,6 +303,81 @@ impl WasmboxServer {
             ..ExecReply::output(&r)
         };
         Ok(self.answer(reply, &r, false))
+    }
+}
+
+/// The requirements of `pip install ...` (also `pip3`, `python -m pip`), or the option it
+/// does not take; `None`: not a pip install.
+fn pip_install(command: &str) -> Option<Result<Vec<String>, String>> {
+    let argv = shlex::split(command)?;
+    let rest = match argv
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["pip" | "pip3", "install", ..] => &argv[2..],
+        ["python" | "python3", "-m", "pip", "install", ..] => &argv[4..],
+        _ => return None,
+    };
+    // Flags that change nothing here: output, upgrades (the newest match is taken), caches.
+    const IGNORED: [&str; 8] = [
+        "-q",
+        "--quiet",
+        "-U",
+        "--upgrade",
+        "--user",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "--no-input",
+    ];
+    let mut out = Vec::new();
+    for a in rest {
+        if IGNORED.contains(&a.as_str()) {
+            continue;
+        }
+        if a.starts_with('-') {
+            return Some(Err(format!(
+                "pip option {a} is not supported by wasmbox's local install (it installs pure-Python packages by name, e.g. pip install NAME==VERSION)"
+            )));
+        }
+        out.push(a.clone());
+    }
+    Some(Ok(out))
+}
+
+impl WasmboxServer {
+    /// `pip install` in a local sandbox: install_packages, answered as pip would.
+    async fn pip_install(
+        &self,
+        sb: &std::sync::Arc<Sandbox>,
+        command: &str,
+        pip: Result<Vec<String>, String>,
+    ) -> Result<Json<ExecReply>, ToolError> {
+        let started = std::time::Instant::now();
+        let installed = match pip {
+            Ok(reqs) => self
+                .wasmbox
+                .install_packages(sb, &reqs)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        let (stdout, stderr, code) = match installed {
+            Ok(out) => (super::packages::pip_line(&out), String::new(), 0),
+            Err(e) => (String::new(), format!("ERROR: {e}\n"), 1),
+        };
+        Ok(Json::new(ExecReply {
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            exit_code: Some(code),
+            execution_time: Some(started.elapsed().as_secs_f64()),
+            success: Some(code == 0),
+            language: Some(crate::Language::Python),
+            location: Some("local".into()),
+            command: Some(command.to_string()),
+            ..Default::default()
+        }))
     }
 }
 

@@ -118,6 +118,16 @@ pub fn kind(e: &Error) -> (&'static str, &'static str) {
         Error::Lang(L::RuntimeMissing { .. }) => ("Runtime missing", "RuntimeMissing"),
         Error::Lang(L::Engine(E::Busy(_))) => ("Server busy", "Busy"),
         Error::Cancelled(_) => ("Cancelled", "Cancelled"),
+        Error::Package(p) => {
+            use crate::packages::PackageError as P;
+            match p {
+                P::Compiled { .. } => ("Package needs compiled code", "CompiledPackage"),
+                P::Hash { .. } => ("Package refused", "HashMismatch"),
+                P::NotFound { .. } | P::NoMatch { .. } => ("Package not found", "PackageNotFound"),
+                P::BadRequirement(..) => ("Invalid arguments", "InvalidArgument"),
+                _ => ("Package install failed", "PackageError"),
+            }
+        }
         Error::Sandbox(e) => sandbox_kind(e),
         Error::File(_) => ("Path not allowed", "FileError"),
         Error::Snapshot(crate::sandbox::snapshots::SnapshotError::NotFound(_)) => {

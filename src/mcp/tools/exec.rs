@@ -48,6 +48,10 @@ pub struct ExecuteCodeIsolatedArgs {
     /// Default: all of those.
     #[serde(default, deserialize_with = "lenient_opt")]
     allow_hosts: Option<Vec<String>>,
+    /// Python: pure-Python packages to install first, e.g. ["python-slugify"] (as
+    /// install_packages; cached after the first time).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    packages: Option<Vec<String>>,
     /// Accepted for HOPX compatibility; ignored locally.
     #[serde(default)]
     #[allow(dead_code)]
@@ -119,6 +123,10 @@ pub struct ExecuteCodeArgs {
     /// Default: all of those.
     #[serde(default, deserialize_with = "lenient_opt")]
     pub allow_hosts: Option<Vec<String>>,
+    /// Python one-shots: pure-Python packages to install first, e.g. ["python-slugify",
+    /// "tinydb==4.8"] (as install_packages; cached after the first time).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub packages: Option<Vec<String>>,
     /// Accepted for HOPX compatibility; ignored locally.
     #[serde(default)]
     #[allow(dead_code)]
@@ -193,6 +201,7 @@ struct OneShot {
     template: Option<String>,
     internet_access: bool,
     allow_hosts: Option<Vec<String>>,
+    packages: Vec<String>,
 }
 
 #[tool_router(router = exec_router, vis = "pub(super)")]
@@ -237,6 +246,7 @@ impl WasmboxServer {
                     template: a.template_name,
                     internet_access: a.internet_access.unwrap_or(false),
                     allow_hosts: a.allow_hosts,
+                    packages: a.packages.unwrap_or_default(),
                 })
                 .await;
         };
@@ -310,6 +320,7 @@ impl WasmboxServer {
             template: a.template_name,
             internet_access: a.internet_access.unwrap_or(false),
             allow_hosts: a.allow_hosts,
+            packages: a.packages.unwrap_or_default(),
         })
         .await
     }
@@ -564,11 +575,29 @@ impl WasmboxServer {
                 lib_max,
             )
             .map_err(fail)?;
+        let mut req = req;
+        let mut installed = None;
+        if !o.packages.is_empty() {
+            if req.language != crate::Language::Python || o.internet_access || o.template.is_some()
+            {
+                let why = "packages are installed for local Python one-shots only (in the HOPX cloud, pip install in the code works)";
+                return Err(fail(Error::invalid(why)));
+            }
+            let (paths, out) = self
+                .wasmbox
+                .oneshot_packages(&o.packages)
+                .await
+                .map_err(fail)?;
+            req.packages = paths;
+            installed = Some(super::packages::installed_note(&out));
+        }
         let r = self
             .wasmbox
             .execute_routed(req, o.template.as_deref(), o.internet_access)
             .await
             .map_err(fail)?;
+        let mut r = r;
+        r.notes.extend(installed);
         let reply = match &r.cloud_sandbox_id {
             Some(id) => ExecReply {
                 note: Some(format!(

@@ -271,10 +271,7 @@ pub fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> ToolError {
     }
 }
 
-/// What the bundled Python imports besides the standard library (each checked with `import`).
-pub const PYTHON_BUNDLED: &str = "numpy, pandas, scipy, scikit-learn (sklearn), matplotlib, seaborn, \
-statsmodels, sympy, Pillow (PIL), networkx, beautifulsoup4 (bs4), lxml, PyYAML (yaml), regex, tqdm, \
-joblib, python-dateutil, jinja2, openpyxl, tabulate, mpmath, patsy, toolz, cloudpickle";
+use crate::packages::PYTHON_BUNDLED;
 
 /// For a local Python run that failed on a missing module: what is bundled, and where more is.
 /// The name comes from the guest's stderr, which anything may have written: the note quotes

@@ -34,6 +34,7 @@ mod exec_reply;
 mod files;
 #[doc(hidden)]
 pub mod fuzz_args;
+mod packages;
 mod prompt;
 mod reply;
 mod sandboxes;
@@ -114,6 +115,7 @@ impl WasmboxServer {
             + Self::state_router()
             + Self::file_router()
             + Self::env_router()
+            + Self::package_router()
             + Self::server_router()
     }
 

