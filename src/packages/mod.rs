@@ -146,8 +146,24 @@ pub struct Outcome {
     pub notes: Vec<String>,
 }
 
+/// Whether a module missing from a run could be installed, for the note that answers it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Installable {
+    /// A package of that name has a pure-Python wheel in the wheelhouse or on the index.
+    Pure(String),
+    /// It exists, with compiled wheels only.
+    Compiled(String),
+    /// Not found, not asked (offline, a name that is not a package's), or the index did not
+    /// answer in time.
+    Unknown,
+}
+
+/// Modules looked up for notes, kept so a repeated error asks nothing.
+const MAX_LOOKUPS: usize = 1024;
+
 /// The server's package sources and store.
 pub struct Packages {
+    lookups: std::sync::Mutex<HashMap<String, Installable>>,
     store: PathBuf,
     wheels: PathBuf,
     wheelhouse: Option<PathBuf>,
@@ -217,6 +233,7 @@ impl Packages {
             bundled: OnceLock::new(),
             markers: markers(),
             busy: tokio::sync::Mutex::new(()),
+            lookups: Default::default(),
         })
     }
 
@@ -238,6 +255,60 @@ impl Packages {
                     BTreeMap::new()
                 }
             })
+    }
+
+    /// Whether the package named as `module` (a top-level module a run could not import)
+    /// installs: the wheelhouse, then the index within 3 s; remembered. The name comes from a
+    /// guest's stderr: only a package name's characters are looked up.
+    pub async fn installable(&self, module: &str) -> Installable {
+        let name = normalize(module);
+        let valid = !name.is_empty()
+            && name.len() <= 100
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+        if !valid || self.bundled().contains_key(&name) {
+            return Installable::Unknown;
+        }
+        if let Some(known) = self.lookups.lock().unwrap().get(&name) {
+            return known.clone();
+        }
+        let house = self.wheelhouse_list();
+        let mut found = house.iter().filter(|(w, _)| normalize(&w.dist) == name);
+        let mut answer = match found.clone().any(|(w, _)| w.is_pure()) {
+            true => Installable::Pure(name.clone()),
+            false if found.next().is_some() => Installable::Compiled(name.clone()),
+            false => Installable::Unknown,
+        };
+        if answer == Installable::Unknown
+            && let Some(index) = &self.index
+        {
+            let asked =
+                tokio::time::timeout(std::time::Duration::from_secs(3), index.project(&name));
+            answer = match asked.await {
+                Ok(Ok(Some(p))) => {
+                    let files = p.releases.values().flatten().filter(|f| !f.yanked);
+                    let mut any = false;
+                    let mut pure = false;
+                    for f in files {
+                        any = true;
+                        pure |= WheelName::parse(&f.filename).is_some_and(|w| w.is_pure());
+                    }
+                    match (pure, any) {
+                        (true, _) => Installable::Pure(name.clone()),
+                        (false, true) => Installable::Compiled(name.clone()),
+                        _ => Installable::Unknown,
+                    }
+                }
+                // Not found is remembered; a failure or a timeout is asked again next time.
+                Ok(Ok(None)) => Installable::Unknown,
+                _ => return Installable::Unknown,
+            };
+        }
+        let mut known = self.lookups.lock().unwrap();
+        if known.len() >= MAX_LOOKUPS {
+            known.clear();
+        }
+        known.insert(name, answer.clone());
+        answer
     }
 
     /// Resolves `requested` for a sandbox that has `have`, fetching and unpacking what is
@@ -349,8 +420,9 @@ impl Packages {
         Ok(out)
     }
 
-    /// A tree unpacked before from the index whose version matches: the newest. (An index's
-    /// file never changes under its name; a wheelhouse's may, so those are read each time.)
+    /// A tree unpacked before from this index whose version matches: the newest. (An index's
+    /// file never changes under its name; a wheelhouse's may, and another index's may differ,
+    /// so those are read each time.)
     fn unpacked(
         &self,
         name: &str,
@@ -373,7 +445,8 @@ impl Packages {
             if !allowed(&v, spec) || best.as_ref().is_some_and(|(b, _)| *b >= v) {
                 continue;
             }
-            if self.tree_source(&tree).2 != "index" {
+            let from = self.tree_source(&tree).2;
+            if self.index.as_ref().is_none_or(|i| from != i.base) {
                 continue;
             }
             best = Some((v, tree));
@@ -415,8 +488,8 @@ impl Packages {
         Err(PackageError::Io(format!("{tree} has no .dist-info")))
     }
 
-    /// The hash, file name and origin (`index` or `wheelhouse`) a tree was unpacked from, as
-    /// kept beside it.
+    /// The hash, file name and origin (the index's base URL, or `wheelhouse`) a tree was
+    /// unpacked from, as kept beside it.
     fn tree_source(&self, tree: &str) -> (String, String, String) {
         let text =
             std::fs::read_to_string(self.store.join(format!(".{tree}.source"))).unwrap_or_default();
@@ -611,7 +684,11 @@ impl Packages {
             Err(_) => {
                 let store = self.store.clone();
                 let (wheel, t) = (c.wheel.clone(), tree.clone());
-                let source = format!("{sha} {} {}", c.wheel, c.source);
+                let origin = match (&c.remote, &self.index) {
+                    (Some(_), Some(i)) => i.base.as_str(),
+                    _ => "wheelhouse",
+                };
+                let source = format!("{sha} {} {origin}", c.wheel);
                 let m = tokio::task::spawn_blocking(move || {
                     unpack_into(&store, &t, &wheel, &bytes, &source)
                 })

@@ -337,7 +337,14 @@ async fn a_wheelhouse_package_and_its_dependency_install_offline() {
     let house = tiny_wheelhouse();
     let c = offline_server(house.path()).await;
     let id = create_sandbox(&c, json!({})).await;
-    no_module(&run_py(&c, &id, "import tinypkg").await, "tinypkg");
+    let before = run_py(&c, &id, "import tinypkg").await;
+    no_module(&before, "tinypkg");
+    // The note offers the install: the wheelhouse has a pure wheel of that name.
+    let notes = before["notes"].to_string();
+    assert!(
+        notes.contains("install_packages") && notes.contains("['tinypkg']"),
+        "{before}"
+    );
 
     let v = install(&c, &id, &["tinypkg"]).await;
     assert_eq!(v["success"], true, "{v}");
@@ -442,7 +449,14 @@ async fn compiled_wheels_and_unknown_packages_are_refused() {
     let e = refused(&c, &id, &["needsmissing"]).await;
     assert!(e.contains("not found") && e.contains("missingdep"), "{e}");
 
-    no_module(&run_py(&c, &id, "import fastc").await, "fastc");
+    let v = run_py(&c, &id, "import fastc").await;
+    no_module(&v, "fastc");
+    // Compiled only: the note says so and gives the HOPX route, not an install.
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("compiled") && notes.contains("HOPX") && !notes.contains("['fastc']"),
+        "{v}"
+    );
     let v = run_py(&c, &id, "print(6 * 7)").await;
     assert_eq!(v["stdout"], "42\n", "{v}");
 }
@@ -465,6 +479,10 @@ async fn an_index_wheel_with_a_wrong_hash_is_refused() {
     let c = server_with_env(&[("WASMBOX_PACKAGE_INDEX", index.url.as_str())]).await;
     let id = create_sandbox(&c, json!({})).await;
 
+    // The index has a pure wheel of that name: the note offers the install.
+    let v = run_py(&c, &id, "import goodpkg.sub").await;
+    no_module(&v, "goodpkg");
+    assert!(v["notes"].to_string().contains("['goodpkg']"), "{v}");
     let v = install(&c, &id, &["goodpkg>=1"]).await;
     assert_eq!(installed(&v), set(&[("goodpkg", "1.0")]), "{v}");
     let p = &v["installed"][0];
@@ -578,7 +596,7 @@ async fn real_pypi_install() {
         eprintln!("skipped: set WASMBOX_TEST_INDEX=1 to reach PyPI");
         return;
     }
-    let c = server().await;
+    let c = server_with_env(&[("WASMBOX_PACKAGE_INDEX", "https://pypi.org")]).await;
     let id = create_sandbox(&c, json!({})).await;
     let v = install(&c, &id, &["python-slugify"]).await;
     let names: BTreeSet<String> = installed(&v)

@@ -80,7 +80,10 @@ impl WasmboxServer {
             let mut r = r.into_exec_result(language);
             r.cloud_sandbox_id = Some(sb.id().to_string());
             let reply = ExecReply::run(&r, mode.as_str(), &csb.id);
-            Ok(self.answer(reply, &r, mode == Mode::Rich).into_value())
+            Ok(self
+                .answer(reply, &r, mode == Mode::Rich)
+                .await
+                .into_value())
         };
         self.in_cloud(tool, csb, work).await
     }

@@ -302,7 +302,7 @@ impl WasmboxServer {
             command: Some(a.command.clone()),
             ..ExecReply::output(&r)
         };
-        Ok(self.answer(reply, &r, false))
+        Ok(self.answer(reply, &r, false).await)
     }
 }
 

@@ -293,7 +293,7 @@ impl WasmboxServer {
             )),
             ..ExecReply::run(&r, "isolated", &sb.id)
         };
-        Ok(self.answer(reply, &r, false))
+        Ok(self.answer(reply, &r, false).await)
     }
 
     #[tool(
@@ -487,13 +487,21 @@ impl WasmboxServer {
     }
 
     /// An execution's answer as it goes out, fitted to the result budget.
-    pub(super) fn answer(
+    pub(super) async fn answer(
         &self,
         reply: ExecReply,
         r: &crate::ExecResult,
         rich: bool,
     ) -> Json<ExecReply> {
-        reply.answer(r, self.wasmbox.config().result_bytes, rich)
+        // The top-level package of a module a run could not import: can it be installed?
+        let hint = match super::exec_reply::missing_module(r) {
+            Some(m) => {
+                let top = m.split('.').next().unwrap_or(m);
+                self.wasmbox.packages().installable(top).await
+            }
+            None => crate::packages::Installable::Unknown,
+        };
+        reply.answer(r, self.wasmbox.config().result_bytes, rich, &hint)
     }
 
     /// Code run in a sandbox's session (`tool` is the tool called, for errors).
@@ -554,7 +562,7 @@ impl WasmboxServer {
             .execute_in(&sb, req, a.working_dir.as_deref(), rich)
             .await
             .map_err(fail)?;
-        Ok(self.answer(ExecReply::run(&r, m, &sb.id), &r, rich))
+        Ok(self.answer(ExecReply::run(&r, m, &sb.id), &r, rich).await)
     }
 
     async fn one_shot(&self, o: OneShot) -> Result<Json<ExecReply>, ToolError> {
@@ -617,6 +625,6 @@ impl WasmboxServer {
                 )
             },
         };
-        Ok(self.answer(reply, &r, false))
+        Ok(self.answer(reply, &r, false).await)
     }
 }

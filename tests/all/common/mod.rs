@@ -15,6 +15,9 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_wasmbox");
 
+/// A package index nothing listens on (the discard port on loopback): refused at once.
+pub const NO_INDEX: &str = "http://127.0.0.1:9";
+
 /// A variable set on the server process only: no guest may ever see it.
 pub const HOST_CANARY: (&str, &str) = ("WASMBOX_TEST_HOST_SECRET", "canary-6c1f0e2b");
 
@@ -131,10 +134,12 @@ pub async fn server_with_pid(env: &[(&str, &str)]) -> (Client, u32) {
         .collect();
     let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
         // Sandboxes in a temporary directory of the server's own unless a test asks for a data
-        // directory (restart tests): no test sees another's leftovers.
+        // directory (restart tests): no test sees another's leftovers. No package index unless
+        // a test names one: a missing module's note asks nothing of the network.
         cmd.arg("serve")
             .env(HOST_CANARY.0, HOST_CANARY.1)
-            .env("WASMBOX_DATA", "none");
+            .env("WASMBOX_DATA", "none")
+            .env("WASMBOX_PACKAGE_INDEX", NO_INDEX);
         for (k, v) in &env {
             cmd.env(k, v);
         }
@@ -176,6 +181,7 @@ impl HttpServer {
         cmd.args(["serve", "--http", "127.0.0.1:0"])
             .args(args)
             .env("WASMBOX_DATA", "none")
+            .env("WASMBOX_PACKAGE_INDEX", NO_INDEX)
             .env(HOST_CANARY.0, HOST_CANARY.1)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
