@@ -514,6 +514,7 @@ async fn every_tool_on_a_cloud_sandbox_goes_to_the_cloud_or_says_it_cannot() {
                 "timeout_seconds" => json!(60),
                 "callback_url" => json!("http://127.0.0.1:9/x"),
                 "port" => json!(8080),
+                "packages" => json!(["six"]),
                 other => panic!("{}: no test value for required argument {other}", t.name),
             };
             args.insert(r.clone(), v);

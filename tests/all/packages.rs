@@ -587,6 +587,22 @@ async fn one_shots_take_packages_and_pip_install_is_routed() {
         "{r}"
     );
     says_hello(&c, &id).await;
+
+    // A session call's `packages` installs into its sandbox first; get_sandbox lists them.
+    let other = create_sandbox(&c, json!({})).await;
+    let v = ok(
+        &c,
+        "execute_code",
+        json!({"sandbox_id": other, "mode": "persistent", "code": code, "packages": ["tinypkg==1.0"]}),
+    )
+    .await;
+    assert_eq!(v["stdout"], "hi from 0.2\n", "{v}");
+    let info = ok(&c, "get_sandbox", json!({"id": other})).await;
+    let listed = info["packages"].to_string();
+    assert!(
+        listed.contains("tinypkg==1.0") && listed.contains("tinydep==0.2"),
+        "{info}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -123,8 +123,9 @@ pub struct ExecuteCodeArgs {
     /// Default: all of those.
     #[serde(default, deserialize_with = "lenient_opt")]
     pub allow_hosts: Option<Vec<String>>,
-    /// Python one-shots: pure-Python packages to install first, e.g. ["python-slugify",
-    /// "tinydb==4.8"] (as install_packages; cached after the first time).
+    /// Python: pure-Python packages to install first, e.g. ["python-slugify", "tinydb==4.8"]
+    /// (as install_packages: into the sandbox when sandbox_id is given; cached after the first
+    /// time).
     #[serde(default, deserialize_with = "lenient_opt")]
     pub packages: Option<Vec<String>>,
     /// Accepted for HOPX compatibility; ignored locally.
@@ -250,6 +251,20 @@ impl WasmboxServer {
                 })
                 .await;
         };
+        if let Some(p) = a.packages.as_ref().filter(|p| !p.is_empty()) {
+            let m = mode.as_str();
+            let sb = match self.target(&id, "sandbox_id")? {
+                Target::Local(sb) => sb,
+                Target::Cloud(_) => {
+                    let why = "packages installs into local sandboxes; in a HOPX cloud sandbox, run_command 'pip install NAME' installs with pip";
+                    return Err(exec_error(m, &Error::invalid(why), Some(&a.language)));
+                }
+            };
+            self.wasmbox
+                .install_packages(&sb, p)
+                .await
+                .map_err(|e| exec_error(m, &e, Some(&a.language)))?;
+        }
         let a = ExecuteInSandboxArgs {
             sandbox_id: id,
             code: a.code,

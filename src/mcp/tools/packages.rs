@@ -4,10 +4,10 @@ use rmcp::{tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::WasmboxServer;
 use super::args::{Parameters, lenient};
 use super::error::ToolError;
 use super::reply::Json;
-use super::{Target, WasmboxServer};
 use crate::packages::{Bundled, Installed, Outcome};
 
 #[derive(Deserialize, JsonSchema)]
@@ -78,16 +78,8 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<InstallArgs>,
     ) -> Result<Json<InstallReply>, ToolError> {
-        let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
-            Target::Local(sb) => sb,
-            Target::Cloud(_) => {
-                return Err(ToolError::message(
-                    "Invalid request",
-                    "install_packages installs into local sandboxes; in a HOPX cloud sandbox, run_command 'pip install NAME' installs with pip",
-                )
-                .with("sandbox_id", &a.sandbox_id));
-            }
-        };
+        // A cloud sandbox has pip: run_command 'pip install NAME' there.
+        let sb = self.local_sandbox(&a.sandbox_id, "sandbox_id", "install_packages")?;
         let out = self
             .wasmbox
             .install_packages(&sb, &a.packages)
