@@ -29,7 +29,7 @@ def wheel(name, version, requires, src):
             z.writestr(zipfile.ZipInfo(p, (2020, 1, 1, 0, 0, 0)), b)
 
 wheel("benchdep", "1.0", [], "X = 1\n")
-wheel("benchpkg", "1.0", ["benchdep>=1", "six"], "import benchdep\n" + "".join(f"def f{i}(): return {i}\n" for i in range(2000)))
+wheel("benchpkg", "1.0", ["benchdep>=1", "six"], "import benchdep\n" + "".join(f"def f{i}(): return {i}\n" for i in range(1000)))
 
 def body(r):
     return r.structured_content or json.loads(r.content[0].text)

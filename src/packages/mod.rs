@@ -27,6 +27,16 @@ use wheel::{WheelName, normalize};
 /// Where the store of unpacked trees appears in Python guests (read-only).
 pub const GUEST_ROOT: &str = "/packages";
 
+/// Compiles a freshly unpacked tree's modules (its host folder, the guest path it will have)
+/// before it is made read-only: guests cannot write bytecode into the store, so a tree left
+/// as source is compiled again by every interpreter that imports it. A failure leaves the
+/// tree as source (slower imports, same behaviour).
+pub type Compile<'a> = &'a (
+        dyn Fn(PathBuf, String) -> futures::future::BoxFuture<'static, Result<(), String>>
+            + Send
+            + Sync
+    );
+
 /// Distributions one install may bring in, dependencies included.
 const MAX_RESOLVED: usize = 100;
 
@@ -318,6 +328,7 @@ impl Packages {
         &self,
         requested: &[String],
         have: &[Tree],
+        compile: Compile<'_>,
     ) -> Result<Outcome, PackageError> {
         let _busy = self.busy.lock().await;
         let mut queue: VecDeque<(Requirement, bool)> = VecDeque::new();
@@ -394,7 +405,7 @@ impl Packages {
             };
             let (installed, requires) = match self.choose(&name, &spec, house).await? {
                 Pick::Cached(found) => found,
-                Pick::Fetch(chosen) => self.fetch(chosen).await?,
+                Pick::Fetch(chosen) => self.fetch(chosen, compile).await?,
             };
             chosen.insert(
                 name,
@@ -636,7 +647,11 @@ impl Packages {
     }
 
     /// Reads or downloads the chosen wheel, checks it, keeps it by hash and unpacks it.
-    async fn fetch(&self, c: Chosen) -> Result<(Installed, Vec<String>), PackageError> {
+    async fn fetch(
+        &self,
+        c: Chosen,
+        compile: Compile<'_>,
+    ) -> Result<(Installed, Vec<String>), PackageError> {
         let bytes = match (&c.local, &c.remote) {
             (Some(path), _) => {
                 let len = std::fs::metadata(path)?.len();
@@ -682,18 +697,18 @@ impl Packages {
         let (meta, cached) = match self.tree_metadata(&tree) {
             Ok(m) => (m, true),
             Err(_) => {
-                let store = self.store.clone();
-                let (wheel, t) = (c.wheel.clone(), tree.clone());
+                let (store, wheel) = (self.store.clone(), c.wheel.clone());
                 let origin = match (&c.remote, &self.index) {
                     (Some(_), Some(i)) => i.base.as_str(),
                     _ => "wheelhouse",
                 };
                 let source = format!("{sha} {} {origin}", c.wheel);
-                let m = tokio::task::spawn_blocking(move || {
-                    unpack_into(&store, &t, &wheel, &bytes, &source)
-                })
-                .await
-                .map_err(|e| PackageError::Io(e.to_string()))??;
+                let (staged, m) = blocking(move || stage(&store, &wheel, &bytes)).await?;
+                if let Err(e) = compile(staged.0.clone(), format!("{GUEST_ROOT}/{tree}")).await {
+                    tracing::warn!("compiling {tree}: {e}; its modules compile at each import");
+                }
+                let (store, t) = (self.store.clone(), tree.clone());
+                blocking(move || finalize(&store, staged, &t, &source)).await?;
                 (m, false)
             }
         };
@@ -721,34 +736,50 @@ fn allowed(v: &Version, spec: &VersionSpecifiers) -> bool {
     spec.contains(v) && (!v.any_prerelease() || spec.iter().any(|s| s.any_prerelease()))
 }
 
-/// Unpacks into a temporary folder of the store, makes its files read-only and renames it into
-/// place, so a tree is whole or absent.
-fn unpack_into(
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, PackageError> + Send + 'static,
+) -> Result<T, PackageError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| PackageError::Io(e.to_string()))?
+}
+
+/// A tree being prepared in a temporary folder of the store; removed unless it was renamed
+/// into place (an install cancelled while its tree compiles leaves nothing behind).
+struct Staged(PathBuf);
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            remove_tree(&self.0);
+        }
+    }
+}
+
+/// Unpacks into a temporary folder of the store (to be compiled, then [`finalize`]d).
+fn stage(
     store: &Path,
-    tree: &str,
     wheel: &str,
     bytes: &[u8],
-    source: &str,
-) -> Result<wheel::Metadata, PackageError> {
-    let tmp = store.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir(&tmp)?;
-    let done = (|| {
-        let dir = Dir::open_ambient_dir(&tmp, cap_std::ambient_authority())?;
-        let meta = wheel::unpack(wheel, bytes, &dir)?;
-        read_only(&tmp)?;
-        std::fs::write(store.join(format!(".{tree}.source")), source)?;
-        match std::fs::rename(&tmp, store.join(tree)) {
-            Ok(()) => {}
-            // Another server unpacked the same wheel meanwhile: theirs is the same bytes.
-            Err(_) if store.join(tree).is_dir() => remove_tree(&tmp),
-            Err(e) => return Err(e.into()),
-        }
-        Ok(meta)
-    })();
-    if done.is_err() {
-        remove_tree(&tmp);
+) -> Result<(Staged, wheel::Metadata), PackageError> {
+    let staged = Staged(store.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple())));
+    std::fs::create_dir(&staged.0)?;
+    let dir = Dir::open_ambient_dir(&staged.0, cap_std::ambient_authority())?;
+    let meta = wheel::unpack(wheel, bytes, &dir)?;
+    Ok((staged, meta))
+}
+
+/// Makes a staged tree's files read-only and renames it into place, so a tree is whole or
+/// absent.
+fn finalize(store: &Path, staged: Staged, tree: &str, source: &str) -> Result<(), PackageError> {
+    read_only(&staged.0)?;
+    std::fs::write(store.join(format!(".{tree}.source")), source)?;
+    match std::fs::rename(&staged.0, store.join(tree)) {
+        Ok(()) => Ok(()),
+        // Another server unpacked the same wheel meanwhile: theirs is the same bytes.
+        Err(_) if store.join(tree).is_dir() => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    done
 }
 
 fn read_only(dir: &Path) -> std::io::Result<()> {

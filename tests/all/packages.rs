@@ -605,6 +605,42 @@ async fn one_shots_take_packages_and_pip_install_is_routed() {
     );
 }
 
+/// An installed tree is compiled once, by the interpreter that imports it, before it is made
+/// read-only: its modules load from bytecode that never looks at the source (the store is
+/// read-only, so without it every interpreter compiled them again), and tracebacks still name
+/// the file where the guest sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_trees_are_precompiled() {
+    let house = tempfile::tempdir().unwrap();
+    // A module of its own (the store is shared by every test server on the machine).
+    let src = format!(
+        "# {}\ndef boom():\n    raise ValueError('from the tree')\n",
+        uuid::Uuid::new_v4()
+    );
+    wheel(house.path(), "compiledtree", "1.0", ANY, &[], &src);
+    let c = offline_server(house.path()).await;
+    let id = create_sandbox(&c, json!({})).await;
+    let v = install(&c, &id, &["compiledtree"]).await;
+    assert_eq!(installed(&v), set(&[("compiledtree", "1.0")]), "{v}");
+    let v = run_py(
+        &c,
+        &id,
+        r#"
+import os, sys, traceback, compiledtree
+pyc = compiledtree.__spec__.cached
+flags = int.from_bytes(open(pyc, 'rb').read()[4:8], 'little') if os.path.exists(pyc) else None
+print(pyc.startswith('/packages/'), os.path.exists(pyc), flags)
+try:
+    compiledtree.boom()
+except ValueError:
+    print(traceback.format_exc().count(compiledtree.__file__))
+"#,
+    )
+    .await;
+    // Flags 1: hash-based, source not checked.
+    assert_eq!(v["stdout"], "True True 1\n1\n", "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "reaches PyPI: run with WASMBOX_TEST_INDEX=1 and --ignored"]
 async fn real_pypi_install() {

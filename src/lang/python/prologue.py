@@ -62,8 +62,11 @@ def use(paths):
         return
     sys.path[:] = [p for p in sys.path if p not in installed] + paths
     installed = list(paths)
-    import importlib
-    importlib.invalidate_caches()
+    # Only these paths' finders: importlib.invalidate_caches() would make the stdlib zip's
+    # importer read its 6,000-entry directory again (~15 ms at the next import). A tree never
+    # changes under its name, so a finder made for it once stays right.
+    for p in paths:
+        sys.path_importer_cache.pop(p, None)
 
 def run(src, echo=False, images=0, env=None, cwd=None, packages=None):
     global last, limit, sent

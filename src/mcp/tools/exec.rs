@@ -608,7 +608,7 @@ impl WasmboxServer {
             }
             let (paths, out) = self
                 .wasmbox
-                .oneshot_packages(&o.packages)
+                .oneshot_packages(&o.packages, &req.owner)
                 .await
                 .map_err(fail)?;
             req.packages = paths;
