@@ -14,7 +14,7 @@ use crate::sandbox::SandboxConfig;
 /// Everything a [`crate::Wasmbox`] needs to know; [`Config::from_env`] gives the defaults.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Where `fetch-runtimes.sh` put the runtimes.
+    /// Where `wasmbox setup` (or `fetch-runtimes.sh`) put the runtimes.
     pub runtimes_dir: PathBuf,
     /// Where compiled modules are cached (outside the repo).
     pub cache_dir: PathBuf,
@@ -282,13 +282,30 @@ fn default_data_dir() -> PathBuf {
         .unwrap_or_else(|| default_cache_dir().join("data"))
 }
 
-/// `./runtimes` when run from a checkout, else the checkout this binary was built from.
+/// `./runtimes` when run from a checkout; else the user's runtimes (`wasmbox setup`) once they
+/// hold something; else the checkout this binary was built from when it has runtimes; else the
+/// user's (empty: the errors then say to run `wasmbox setup`).
 fn default_runtimes_dir() -> PathBuf {
     let here = PathBuf::from("runtimes");
     if here.join("manifest.toml").is_file() {
         return here;
     }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("runtimes")
+    let user = user_runtimes_dir();
+    if user.join(".verified.json").is_file() {
+        return user;
+    }
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("runtimes");
+    if built.join(".verified.json").is_file() {
+        return built;
+    }
+    user
+}
+
+/// Where `wasmbox setup` puts runtimes outside a checkout.
+pub fn user_runtimes_dir() -> PathBuf {
+    dirs::data_local_dir()
+        .map(|d| d.join("wasmbox").join("runtimes"))
+        .unwrap_or_else(|| default_cache_dir().join("runtimes"))
 }
 
 fn default_cache_dir() -> PathBuf {

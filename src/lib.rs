@@ -16,6 +16,7 @@ pub mod reach;
 mod runtimes;
 pub mod sandbox;
 pub mod session;
+pub mod setup;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -17,7 +17,8 @@ use wasmbox::{Config, ExecOptions, Wasmbox};
     about = "Local WebAssembly code sandbox for AI assistants (MCP server)"
 )]
 struct Cli {
-    /// Runtimes directory (default: ./runtimes, or the checkout wasmbox was built from).
+    /// Runtimes directory (default: ./runtimes in a checkout, else the one `wasmbox setup`
+    /// filled, e.g. ~/.local/share/wasmbox/runtimes, else the checkout wasmbox was built from).
     #[arg(long, global = true, env = "WASMBOX_RUNTIMES")]
     runtimes: Option<PathBuf>,
     /// Compiled-module cache directory (default: the user cache dir, e.g. ~/.cache/wasmbox).
@@ -88,6 +89,21 @@ enum Command {
     },
     /// Compile every available runtime now (first time: a minute or more) so later starts are fast.
     Prepare,
+    /// Fetch the pinned runtimes (Python, the JavaScript runtime's sources and compiler, Go)
+    /// into the runtimes directory (default: ~/.local/share/wasmbox/runtimes outside a
+    /// checkout), each checked against its pinned SHA-256. Needs only this binary; a second run
+    /// with everything present does no network I/O.
+    Setup {
+        /// Only these runtimes (comma-separated: python, quickjs, go).
+        #[arg(long, value_delimiter = ',')]
+        only: Option<Vec<String>>,
+        /// Hash every installed file again, even when its stamp says it is unchanged.
+        #[arg(long)]
+        verify: bool,
+        /// A runtimes manifest to use instead of the one built in (for moving a pin).
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -122,6 +138,16 @@ fn main() -> ExitCode {
 
 async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     let mut config = Config::from_env();
+    // Setup fills the named directory, a checkout's, or the user's: never the checkout this
+    // binary was built from, which serving falls back to.
+    let setup_dir = cli.runtimes.clone().unwrap_or_else(|| {
+        let here = PathBuf::from("runtimes");
+        if here.join("manifest.toml").is_file() {
+            here
+        } else {
+            wasmbox::config::user_runtimes_dir()
+        }
+    });
     if let Some(r) = cli.runtimes {
         config.runtimes_dir = r;
     }
@@ -138,6 +164,31 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     } = &cli.command
     {
         config.reach.mcp_config = Some(path.clone());
+    }
+    if let Command::Setup {
+        only,
+        verify,
+        manifest,
+    } = cli.command
+    {
+        let manifest = match manifest {
+            Some(m) => Some(
+                std::fs::read_to_string(&m).with_context(|| format!("reading {}", m.display()))?,
+            ),
+            None => None,
+        };
+        wasmbox::setup::run(wasmbox::setup::Options {
+            dir: setup_dir,
+            cache: config.cache_dir.clone(),
+            only,
+            verify,
+            manifest,
+            index: config.package_index.clone(),
+            crates: std::env::var("WASMBOX_CRATES_URL")
+                .unwrap_or_else(|_| "https://static.crates.io/crates".into()),
+        })
+        .await?;
+        return Ok(ExitCode::SUCCESS);
     }
     let layout =
         wasmbox::lang::mounts::Layout::from_settings(&cli.mounts).map_err(anyhow::Error::msg)?;
@@ -208,6 +259,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             .await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Setup { .. } => unreachable!("setup returns before the service starts"),
         Command::Prepare => {
             let mut failed = false;
             for (lang, outcome) in wasmbox.prepare().await {

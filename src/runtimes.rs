@@ -273,13 +273,13 @@ fn unloaded(language: Language, dir: &std::path::Path) -> std::result::Result<St
             let path = lang::javascript::module_path(dir);
             match path.is_file() {
                 true => Ok(String::new()),
-                false => Err(format!("{} (run ./fetch-runtimes.sh)", path.display())),
+                false => Err(format!("{} (run `wasmbox setup`)", path.display())),
             }
         }
         Language::Go => match lang::go::find_go(dir) {
             Some(p) if p.is_file() => Ok(format!("; toolchain {}", p.display())),
             _ => Err(format!(
-                "no Go toolchain at {} (run ./fetch-runtimes.sh, or set WASMBOX_GO)",
+                "no Go toolchain at {} (run `wasmbox setup`, or set WASMBOX_GO)",
                 lang::go::pinned_go(dir).display()
             )),
         },

@@ -19,8 +19,8 @@ pub enum LangError {
     InvalidArgument(String),
 
     #[error(
-        "the {runtime} runtime is missing: {path} does not exist. Run ./fetch-runtimes.sh in the \
-         wasmbox checkout (or point WASMBOX_RUNTIMES at a runtimes directory)"
+        "the {runtime} runtime is missing: {path} does not exist. Run `wasmbox setup` (or \
+         ./fetch-runtimes.sh in a checkout), or point WASMBOX_RUNTIMES at a runtimes directory"
     )]
     RuntimeMissing {
         runtime: &'static str,

@@ -33,4 +33,5 @@ mod results;
 mod sandboxes;
 mod security_escape;
 mod security_resources;
+mod setup;
 mod waits;

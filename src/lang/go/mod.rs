@@ -29,7 +29,7 @@ use crate::engine::cache::ModuleCache;
 mod build;
 use build::{compile_result, stopped, stopped_result, timeout_result};
 mod source;
-mod toolchain;
+pub(crate) mod toolchain;
 
 pub use source::prepare_source;
 use toolchain::*;

@@ -12,7 +12,7 @@ use super::super::guest::{TMP_GUEST, WORKSPACE_GUEST};
 use super::super::{LangError as Error, Result};
 use crate::engine::cache::write_atomically;
 
-/// Flags of every build. The pre-warm in `runtimes/fetch.py` must use the same ones (GOCACHE keys
+/// Flags of every build. The pre-warm in ``wasmbox setup`` must use the same ones (GOCACHE keys
 /// depend on them); `-trimpath` makes the output reproducible and traces show `./main.go:N`.
 pub const GO_BUILD_FLAGS: &[&str] = &["-trimpath"];
 
@@ -39,11 +39,11 @@ pub(super) const BUILD_GOMEMLIMIT: &str = "1GiB";
 /// Address space of each toolchain process: the hard cap a runaway compile meets.
 pub(super) const BUILD_ADDRESS_SPACE: u64 = 4 << 30;
 
-/// What `runtimes/fetch.py` leaves in GOCACHE: the marker of a finished pre-warm (its token),
+/// What ``wasmbox setup`` leaves in GOCACHE: the marker of a finished pre-warm (its token),
 /// and the names of the entries it made (the token, then one `xx/<hash>-a|d` per line; a list
-/// the server guessed for an older pre-warm says `<token> derived`, and fetch.py redoes it).
-pub(super) const PREWARM_MARKER: &str = "wasmbox-prewarm";
-pub(super) const PREWARM_FILES: &str = "wasmbox-prewarm.files";
+/// the server guessed for an older pre-warm says `<token> derived`, and setup redoes it).
+pub(crate) const PREWARM_MARKER: &str = "wasmbox-prewarm";
+pub(crate) const PREWARM_FILES: &str = "wasmbox-prewarm.files";
 
 pub(super) const BASE_ENV: &[(&str, &str)] = &[
     ("PWD", WORKSPACE_GUEST),
@@ -102,7 +102,7 @@ impl GoToolchain {
             .output()
             .map_err(|e| {
                 Error::LanguageNotAvailable(format!(
-                    "go: cannot run the Go toolchain {}: {e}. Run ./fetch-runtimes.sh, or set \
+                    "go: cannot run the Go toolchain {}: {e}. Run `wasmbox setup`, or set \
                      WASMBOX_GO to a go 1.21+ binary",
                     go.display()
                 ))
@@ -116,7 +116,7 @@ impl GoToolchain {
             Some(m) if out.status.success() && m >= MIN_MINOR => Ok(Self { go, version }),
             _ => Err(Error::LanguageNotAvailable(format!(
                 "go: {} reports version {version:?}; wasmbox needs Go 1.21 or newer \
-                 (GOOS=wasip1). Run ./fetch-runtimes.sh for the pinned toolchain, or set WASMBOX_GO",
+                 (GOOS=wasip1). Run `wasmbox setup` for the pinned toolchain, or set WASMBOX_GO",
                 go.display()
             ))),
         }
@@ -221,7 +221,7 @@ pub(super) fn unix_secs(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The GOCACHE entries `runtimes/fetch.py` pre-warmed, from the list it left. A cache
+/// The GOCACHE entries ``wasmbox setup`` pre-warmed, from the list it left. A cache
 /// pre-warmed before there was a list gets one now: the entries made in the hour before the
 /// marker was written (a pre-warm takes well under that) and not used since (Go's use moves
 /// an entry's mtime on, so those cannot be told from a snippet's; they are kept while used).
