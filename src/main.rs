@@ -106,7 +106,23 @@ enum Command {
     },
 }
 
+/// Settings an MCP bundle passes as empty strings when the user left them blank.
+const BLANK_MEANS_UNSET: &[&str] = &[
+    "HOPX_API_KEY",
+    "WASMBOX_DATA",
+    "WASMBOX_MOUNTS",
+    "WASMBOX_ALLOW_HOSTS",
+    "WASMBOX_WHEELHOUSE",
+    "WASMBOX_RUNTIMES",
+];
+
 fn main() -> ExitCode {
+    for k in BLANK_MEANS_UNSET {
+        if std::env::var_os(k).is_some_and(|v| v.is_empty()) {
+            // SAFETY: no other thread exists yet (the runtime and the logger start below).
+            unsafe { std::env::remove_var(k) };
+        }
+    }
     let cli = Cli::parse();
     // info shows the one-time compile progress; nothing else logs at info outside `serve`.
     let default_level = "info";
@@ -148,6 +164,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             wasmbox::config::user_runtimes_dir()
         }
     });
+    let explicit_runtimes = cli.runtimes.clone();
     if let Some(r) = cli.runtimes {
         config.runtimes_dir = r;
     }
@@ -184,8 +201,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             verify,
             manifest,
             index: config.package_index.clone(),
-            crates: std::env::var("WASMBOX_CRATES_URL")
-                .unwrap_or_else(|_| "https://static.crates.io/crates".into()),
+            crates: crates_url(),
         })
         .await?;
         return Ok(ExitCode::SUCCESS);
@@ -207,6 +223,37 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         );
     }
     wasmbox::lang::mounts::set_server_layout(layout).map_err(anyhow::Error::msg)?;
+    // A binary installed without a checkout (a bundle, a wheel, cargo install) sets itself up
+    // on its first start, in the background: the server answers at once, and a call that needs
+    // a runtime not there yet says so (the next one loads it).
+    let auto_setup = matches!(cli.command, Command::Serve { .. })
+        && explicit_runtimes.is_none()
+        && config.runtimes_dir == wasmbox::config::user_runtimes_dir()
+        && ["python/python-snapshot.wasm", "quickjs/qjs.wasm"]
+            .iter()
+            .any(|f| !config.runtimes_dir.join(f).is_file())
+        && std::env::var("WASMBOX_AUTO_SETUP").as_deref() != Ok("0");
+    if auto_setup {
+        let opts = wasmbox::setup::Options {
+            dir: config.runtimes_dir.clone(),
+            cache: config.cache_dir.clone(),
+            only: None,
+            verify: false,
+            manifest: None,
+            index: config.package_index.clone(),
+            crates: crates_url(),
+        };
+        tracing::info!(
+            "no runtimes yet: fetching them into {} (wasmbox setup; WASMBOX_AUTO_SETUP=0 turns this off)",
+            opts.dir.display()
+        );
+        tokio::spawn(async move {
+            match wasmbox::setup::run(opts).await {
+                Ok(()) => tracing::info!("runtimes ready"),
+                Err(e) => tracing::error!("setting up the runtimes: {e:#}; run `wasmbox setup`"),
+            }
+        });
+    }
     let wasmbox = Wasmbox::new(config)?;
     match cli.command {
         Command::Serve { http: None, .. } => {
@@ -353,4 +400,9 @@ fn config_dir(wasmbox: &Wasmbox) -> PathBuf {
         .data_dir
         .clone()
         .unwrap_or_else(|| c.cache_dir.clone())
+}
+
+/// Where `setup` downloads crates (QuickJS-NG's sources) from.
+fn crates_url() -> String {
+    std::env::var("WASMBOX_CRATES_URL").unwrap_or_else(|_| "https://static.crates.io/crates".into())
 }

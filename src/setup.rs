@@ -489,15 +489,8 @@ impl Setup {
                 std::io::copy(&mut m, &mut out)?;
             }
         }
-        for (f, part) in e.files.iter().zip(&staged) {
-            let dest = dir.join(inside(&f.dest)?);
-            if let Some(p) = dest.parent() {
-                fs::create_dir_all(p)?;
-            }
-            fs::rename(part, &dest)?;
-            self.stamps.record(&f.dest, &f.sha256);
-            log(format_args!("{name}: {} ok", f.dest));
-        }
+        // The first file (the module a runtime is loaded from) goes in last: a server loading
+        // runtimes while setup runs sees the runtime whole or not at all.
         for (at, dest, token) in inner_staged {
             swap_in(&at, &dir.join(inside(&dest)?))?;
             self.stamps.mark(&dest, &token);
@@ -505,6 +498,15 @@ impl Setup {
         if e.licenses.is_some() {
             swap_in(&lic_tmp, &dir.join(&lic))?;
             self.stamps.mark(&lic, &e.sha256);
+        }
+        for (f, part) in e.files.iter().zip(&staged).rev() {
+            let dest = dir.join(inside(&f.dest)?);
+            if let Some(p) = dest.parent() {
+                fs::create_dir_all(p)?;
+            }
+            fs::rename(part, &dest)?;
+            self.stamps.record(&f.dest, &f.sha256);
+            log(format_args!("{name}: {} ok", f.dest));
         }
         Ok(())
     }
