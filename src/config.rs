@@ -286,8 +286,7 @@ fn default_data_dir() -> PathBuf {
 /// hold something; else the checkout this binary was built from when it has runtimes; else the
 /// user's (empty: the errors then say to run `wasmbox setup`).
 fn default_runtimes_dir() -> PathBuf {
-    let here = PathBuf::from("runtimes");
-    if here.join("manifest.toml").is_file() {
+    if let Some(here) = checkout_runtimes_dir() {
         return here;
     }
     let user = user_runtimes_dir();
@@ -299,6 +298,12 @@ fn default_runtimes_dir() -> PathBuf {
         return built;
     }
     user
+}
+
+/// `./runtimes` when the working directory is a wasmbox checkout.
+pub fn checkout_runtimes_dir() -> Option<PathBuf> {
+    let here = PathBuf::from("runtimes");
+    here.join("manifest.toml").is_file().then_some(here)
 }
 
 /// Where `wasmbox setup` puts runtimes outside a checkout.

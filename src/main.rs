@@ -157,12 +157,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     // Setup fills the named directory, a checkout's, or the user's: never the checkout this
     // binary was built from, which serving falls back to.
     let setup_dir = cli.runtimes.clone().unwrap_or_else(|| {
-        let here = PathBuf::from("runtimes");
-        if here.join("manifest.toml").is_file() {
-            here
-        } else {
-            wasmbox::config::user_runtimes_dir()
-        }
+        wasmbox::config::checkout_runtimes_dir().unwrap_or_else(wasmbox::config::user_runtimes_dir)
     });
     let explicit_runtimes = cli.runtimes.clone();
     if let Some(r) = cli.runtimes {
@@ -195,13 +190,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             None => None,
         };
         wasmbox::setup::run(wasmbox::setup::Options {
-            dir: setup_dir,
-            cache: config.cache_dir.clone(),
             only,
             verify,
             manifest,
-            index: config.package_index.clone(),
-            crates: crates_url(),
+            ..setup_options(setup_dir, &config)
         })
         .await?;
         return Ok(ExitCode::SUCCESS);
@@ -234,15 +226,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             .any(|f| !config.runtimes_dir.join(f).is_file())
         && std::env::var("WASMBOX_AUTO_SETUP").as_deref() != Ok("0");
     if auto_setup {
-        let opts = wasmbox::setup::Options {
-            dir: config.runtimes_dir.clone(),
-            cache: config.cache_dir.clone(),
-            only: None,
-            verify: false,
-            manifest: None,
-            index: config.package_index.clone(),
-            crates: crates_url(),
-        };
+        let opts = setup_options(config.runtimes_dir.clone(), &config);
         tracing::info!(
             "no runtimes yet: fetching them into {} (wasmbox setup; WASMBOX_AUTO_SETUP=0 turns this off)",
             opts.dir.display()
@@ -402,7 +386,17 @@ fn config_dir(wasmbox: &Wasmbox) -> PathBuf {
         .unwrap_or_else(|| c.cache_dir.clone())
 }
 
-/// Where `setup` downloads crates (QuickJS-NG's sources) from.
-fn crates_url() -> String {
-    std::env::var("WASMBOX_CRATES_URL").unwrap_or_else(|_| "https://static.crates.io/crates".into())
+/// Every runtime into `dir`, with the server's cache and package index; crates (QuickJS-NG's
+/// sources) from `WASMBOX_CRATES_URL`.
+fn setup_options(dir: PathBuf, config: &Config) -> wasmbox::setup::Options {
+    wasmbox::setup::Options {
+        dir,
+        cache: config.cache_dir.clone(),
+        only: None,
+        verify: false,
+        manifest: None,
+        index: config.package_index.clone(),
+        crates: std::env::var("WASMBOX_CRATES_URL")
+            .unwrap_or_else(|_| "https://static.crates.io/crates".into()),
+    }
 }

@@ -807,16 +807,8 @@ fn build_qjs(
 /// built, so a new snippet builds in ~0.3 s instead of 10-20 s. The entries go to a fresh cache
 /// first and are then moved into GOCACHE and listed, so that the server's trim keeps them.
 fn go_prewarm(go: &Path, gocache: &Path, flags: &[String], pkgs: &[String]) -> Result<()> {
-    use crate::lang::go::toolchain::{PREWARM_FILES, PREWARM_MARKER, build_env};
-    let version = std::process::Command::new(go)
-        .args(["env", "GOVERSION"])
-        .env_clear()
-        .envs([
-            ("GOTOOLCHAIN", "local"),
-            ("GOENV", "off"),
-            ("PATH", "/usr/bin:/bin"),
-            ("HOME", "/nonexistent"),
-        ])
+    use crate::lang::go::toolchain::{PREWARM_FILES, PREWARM_MARKER, build_env, goversion_command};
+    let version = goversion_command(go)
         .output()
         .with_context(|| format!("running {}", go.display()))?;
     let version = String::from_utf8_lossy(&version.stdout).trim().to_string();

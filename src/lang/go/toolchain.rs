@@ -12,7 +12,7 @@ use super::super::guest::{TMP_GUEST, WORKSPACE_GUEST};
 use super::super::{LangError as Error, Result};
 use crate::engine::cache::write_atomically;
 
-/// Flags of every build. The pre-warm in ``wasmbox setup`` must use the same ones (GOCACHE keys
+/// Flags of every build. The pre-warm in `wasmbox setup` must use the same ones (GOCACHE keys
 /// depend on them); `-trimpath` makes the output reproducible and traces show `./main.go:N`.
 pub const GO_BUILD_FLAGS: &[&str] = &["-trimpath"];
 
@@ -39,7 +39,7 @@ pub(super) const BUILD_GOMEMLIMIT: &str = "1GiB";
 /// Address space of each toolchain process: the hard cap a runaway compile meets.
 pub(super) const BUILD_ADDRESS_SPACE: u64 = 4 << 30;
 
-/// What ``wasmbox setup`` leaves in GOCACHE: the marker of a finished pre-warm (its token),
+/// What `wasmbox setup` leaves in GOCACHE: the marker of a finished pre-warm (its token),
 /// and the names of the entries it made (the token, then one `xx/<hash>-a|d` per line; a list
 /// the server guessed for an older pre-warm says `<token> derived`, and setup redoes it).
 pub(crate) const PREWARM_MARKER: &str = "wasmbox-prewarm";
@@ -73,6 +73,20 @@ pub fn find_go(runtimes_dir: &Path) -> Option<PathBuf> {
     })
 }
 
+/// `go env GOVERSION` with nothing from the host's environment: what the toolchain says it is.
+pub(crate) fn goversion_command(go: &Path) -> Command {
+    let mut cmd = Command::new(go);
+    cmd.args(["env", "GOVERSION"])
+        .env_clear()
+        .envs([
+            ("GOTOOLCHAIN", "local"),
+            ("GOENV", "off"),
+            ("PATH", "/usr/bin:/bin"),
+        ])
+        .stdin(Stdio::null());
+    cmd
+}
+
 /// A located, working Go toolchain.
 #[derive(Clone, Debug)]
 pub struct GoToolchain {
@@ -90,23 +104,13 @@ impl GoToolchain {
         })?;
         // Builds run in a temp dir: a relative path must not be resolved there.
         let go = fs::canonicalize(&go).unwrap_or(go);
-        let out = Command::new(&go)
-            .args(["env", "GOVERSION"])
-            .env_clear()
-            .envs([
-                ("GOTOOLCHAIN", "local"),
-                ("GOENV", "off"),
-                ("PATH", "/usr/bin:/bin"),
-            ])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| {
-                Error::LanguageNotAvailable(format!(
-                    "go: cannot run the Go toolchain {}: {e}. Run `wasmbox setup`, or set \
+        let out = goversion_command(&go).output().map_err(|e| {
+            Error::LanguageNotAvailable(format!(
+                "go: cannot run the Go toolchain {}: {e}. Run `wasmbox setup`, or set \
                      WASMBOX_GO to a go 1.21+ binary",
-                    go.display()
-                ))
-            })?;
+                go.display()
+            ))
+        })?;
         let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
         let minor = version
             .strip_prefix("go1.")
@@ -221,7 +225,7 @@ pub(super) fn unix_secs(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The GOCACHE entries ``wasmbox setup`` pre-warmed, from the list it left. A cache
+/// The GOCACHE entries `wasmbox setup` pre-warmed, from the list it left. A cache
 /// pre-warmed before there was a list gets one now: the entries made in the hour before the
 /// marker was written (a pre-warm takes well under that) and not used since (Go's use moves
 /// an entry's mtime on, so those cannot be told from a snippet's; they are kept while used).
