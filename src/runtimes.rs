@@ -273,18 +273,24 @@ fn unloaded(language: Language, dir: &std::path::Path) -> std::result::Result<St
             let path = lang::javascript::module_path(dir);
             match path.is_file() {
                 true => Ok(String::new()),
-                false => Err(format!("{} (run `wasmbox setup`)", path.display())),
+                false => Err(format!("{} ({})", path.display(), setup_hint())),
             }
         }
         Language::Go => match lang::go::find_go(dir) {
             Some(p) if p.is_file() => Ok(format!("; toolchain {}", p.display())),
             _ => Err(format!(
-                "no Go toolchain at {} (run `wasmbox setup`, or set WASMBOX_GO)",
-                lang::go::pinned_go(dir).display()
+                "no Go toolchain at {} ({}; or set WASMBOX_GO)",
+                lang::go::pinned_go(dir).display(),
+                setup_hint()
             )),
         },
         Language::Bash => Err("not available in this build".into()),
     }
+}
+
+/// What to do about a missing runtime: wait for the setup under way, or run one.
+fn setup_hint() -> String {
+    crate::setup::progress_note().unwrap_or_else(|| "run `wasmbox setup`".into())
 }
 
 impl Runtimes {

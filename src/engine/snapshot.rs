@@ -2,8 +2,8 @@
 //! imported), and snapshotted with wasmtime-wizer into a new module whose memory already holds
 //! that state. Instances of the image start where the warm-up ended, copy-on-write.
 
-use wasmtime::{Engine, Instance, Module, Store};
-use wasmtime_wizer::{WasmtimeWizer, Wizer};
+use wasmtime::{Engine, Instance, Module, Store, Val};
+use wasmtime_wizer::{InstanceState, SnapshotVal, ValType, Wizer};
 
 use super::cache::with_progress;
 use super::{EngineError as Error, Result};
@@ -46,7 +46,7 @@ pub fn build<T: Send + 'static, E: From<Error>>(
         .map_err(|e| Error::Wasm(format!("snapshot runtime: {e}")))?;
     rt.block_on(wizer.snapshot(
         &cx,
-        &mut WasmtimeWizer {
+        &mut Live {
             store: &mut store,
             instance,
         },
@@ -54,4 +54,36 @@ pub fn build<T: Send + 'static, E: From<Error>>(
     .map_err(|e| Error::Wasm(format!("snapshotting {label}: {e:#}")))
     .and_then(|image| super::globals::export_globals(&image))
     .map_err(E::from)
+}
+
+/// The warmed instance as wizer reads it. wizer has this too, behind a feature that turns on
+/// wasmtime's cache, threads, GC and WIT parser; these few lines keep them out of the build.
+struct Live<'a, T: 'static> {
+    store: &'a mut Store<T>,
+    instance: Instance,
+}
+
+impl<T: Send> InstanceState for Live<'_, T> {
+    async fn global_get(&mut self, name: &str, _: ValType) -> SnapshotVal {
+        let global = self
+            .instance
+            .get_global(&mut *self.store, name)
+            .expect("wizer names an exported global");
+        match global.get(&mut *self.store) {
+            Val::I32(x) => SnapshotVal::I32(x),
+            Val::I64(x) => SnapshotVal::I64(x),
+            Val::F32(x) => SnapshotVal::F32(x),
+            Val::F64(x) => SnapshotVal::F64(x),
+            Val::V128(x) => SnapshotVal::V128(x.as_u128()),
+            v => panic!("a global wizer cannot snapshot: {v:?}"),
+        }
+    }
+
+    async fn memory_contents(&mut self, name: &str, contents: impl FnOnce(&[u8]) + Send) {
+        let memory = self
+            .instance
+            .get_memory(&mut *self.store, name)
+            .expect("wizer names an exported memory");
+        contents(memory.data(&*self.store))
+    }
 }

@@ -18,9 +18,11 @@ pub enum LangError {
     #[error("{0}")]
     InvalidArgument(String),
 
+    /// Worded when shown: a setup running in this process (a `serve` that sets itself up)
+    /// changes what the user should do.
     #[error(
-        "the {runtime} runtime is missing: {path} does not exist. Run `wasmbox setup` (or \
-         ./fetch-runtimes.sh in a checkout), or point WASMBOX_RUNTIMES at a runtimes directory"
+        "the {runtime} runtime is missing: {path} does not exist. {}",
+        missing_hint()
     )]
     RuntimeMissing {
         runtime: &'static str,
@@ -29,6 +31,14 @@ pub enum LangError {
 
     #[error(transparent)]
     Engine(#[from] EngineError),
+}
+
+fn missing_hint() -> String {
+    crate::setup::progress_note().unwrap_or_else(|| {
+        "Run `wasmbox setup` (or ./fetch-runtimes.sh in a checkout), or point WASMBOX_RUNTIMES \
+         at a runtimes directory"
+            .into()
+    })
 }
 
 impl LangError {

@@ -484,3 +484,80 @@ async fn a_binary_without_runtimes_says_to_run_setup() {
     );
     assert!(stderr.contains("wasmbox setup"), "{stderr}");
 }
+
+/// `wasmbox serve` with no runtimes in the user's folder (the state after a bundle or
+/// `cargo install`), so it sets itself up in the background from `index`.
+async fn serve_setting_itself_up(dirs: &Dirs, index: &str) -> Client {
+    use rmcp::ServiceExt;
+    use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+    let share = dirs.root().join("home/.local/share");
+    let user_rt = share.join("wasmbox/runtimes");
+    std::fs::create_dir_all(&user_rt).unwrap();
+    // A stamp file and nothing else: the user's folder is chosen, and every runtime is missing.
+    std::fs::write(user_rt.join(".verified.json"), "{}").unwrap();
+    let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
+        cmd.arg("serve")
+            .current_dir(dirs.root())
+            .env_remove("WASMBOX_RUNTIMES")
+            .env_remove("WASMBOX_AUTO_SETUP")
+            .env("HOME", dirs.root().join("home"))
+            .env("XDG_DATA_HOME", &share)
+            .env("WASMBOX_DATA", "none")
+            .env("WASMBOX_CACHE", dirs.root().join("cache"))
+            .env("WASMBOX_PACKAGE_INDEX", index)
+            .env("WASMBOX_CRATES_URL", index)
+            .stderr(Stdio::null());
+    }))
+    .expect("spawning wasmbox serve");
+    ().serve(transport).await.expect("MCP handshake")
+}
+
+async fn python_error(c: &Client) -> String {
+    err(
+        c,
+        "execute_code",
+        json!({"code": "print(1)", "language": "python"}),
+    )
+    .await
+    .to_string()
+}
+
+/// While a `serve` fetches its runtimes, a call that needs one must say the setup is under way
+/// and how far it got, not send the user to run it again; once it has failed, it must say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_setting_itself_up_says_so() {
+    // An index that takes connections and never answers: the setup stays on its first step.
+    let stalled = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let index = format!("http://{}", stalled.local_addr().unwrap());
+    let dirs = Dirs::new();
+    let c = serve_setting_itself_up(&dirs, &index).await;
+    let mut said = String::new();
+    for _ in 0..50 {
+        said = python_error(&c).await;
+        if said.contains("asking the package index") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(said.contains("fetching its runtimes now"), "{said}");
+    assert!(said.contains("asking the package index"), "{said}");
+    assert!(said.contains("3 runtimes to go"), "{said}");
+    assert!(!said.contains("Run `wasmbox setup`"), "{said}");
+    c.cancel().await.ok();
+
+    // An index that refuses: the setup fails, and the error says so and how to retry.
+    let dirs = Dirs::new();
+    let c = serve_setting_itself_up(&dirs, NO_INDEX).await;
+    for _ in 0..100 {
+        said = python_error(&c).await;
+        if said.contains("failed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(said.contains("fetching the runtimes failed"), "{said}");
+    assert!(said.contains("127.0.0.1:9"), "{said}");
+    assert!(said.contains("run `wasmbox setup` to retry"), "{said}");
+    c.cancel().await.ok();
+    drop(stalled);
+}
