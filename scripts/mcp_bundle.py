@@ -5,6 +5,11 @@ import asyncio, json, os, sys, time
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 cmd, home = sys.argv[1], sys.argv[2]
+# The user's runtimes folder, chosen even when the binary's build checkout has runtimes of its own.
+os.makedirs(os.path.join(home, ".local/share/wasmbox/runtimes"), exist_ok=True)
+stamps = os.path.join(home, ".local/share/wasmbox/runtimes/.verified.json")
+if not os.path.exists(stamps):
+    open(stamps, "w").write("{}")
 def body(r):
     return r.structured_content or json.loads(r.content[0].text)
 async def main():
@@ -15,7 +20,11 @@ async def main():
             await s.initialize()
             print(f"initialized in {time.time()-t0:.1f} s")
             first = await s.call_tool("execute_code", {"language": "python", "code": "print(1)"})
-            print("first python call (runtimes may not be there yet):", first.is_error, str(body(first))[:300])
+            print("first python call (runtimes may not be there yet):", first.is_error, str(body(first))[:400])
+            for wait in (3, 10):
+                await asyncio.sleep(wait)
+                r = await s.call_tool("execute_code", {"language": "python", "code": "print(1)"})
+                print(f"python call after {time.time()-t0:.1f} s:", r.is_error, str(body(r))[:400])
             for i in range(60):
                 r = await s.call_tool("execute_code", {"language": "javascript", "code": "console.log(6*7)"})
                 b = body(r)

@@ -183,10 +183,16 @@ async fn run_all(opts: Options) -> Result<()> {
             .build()?,
         opts,
     };
-    let wanted: Vec<_> = manifest
+    // Python first: the runtime most calls need, ready a second after its download (a serve
+    // setting itself up answers Python calls while the others are still on their way).
+    let mut wanted: Vec<_> = manifest
         .iter()
         .filter(|(name, _)| s.opts.only.as_ref().is_none_or(|o| o.contains(name)))
         .collect();
+    wanted.sort_by_key(|(name, _)| {
+        let first = ["python", "quickjs", "go"];
+        first.iter().position(|f| f == name).unwrap_or(first.len())
+    });
     for (i, (name, e)) in wanted.iter().enumerate() {
         if let Status::Running { left, .. } = &mut *status() {
             *left = wanted.len() - i;
