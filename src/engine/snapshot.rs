@@ -57,7 +57,7 @@ pub fn build<T: Send + 'static, E: From<Error>>(
 }
 
 /// The warmed instance as wizer reads it. wizer has this too, behind a feature that turns on
-/// wasmtime's cache, threads, GC and WIT parser; these few lines keep them out of the build.
+/// wasmtime's cache, threads and WIT parser; these few lines keep them out of the build.
 struct Live<'a, T: 'static> {
     store: &'a mut Store<T>,
     instance: Instance,

@@ -522,6 +522,20 @@ async fn python_error(c: &Client) -> String {
     .to_string()
 }
 
+/// A Python call's error, asked every 100 ms until it contains `needle` (at most `tries` times;
+/// the last answer either way, for the caller's assertions).
+async fn python_error_once_it_says(c: &Client, needle: &str, tries: usize) -> String {
+    let mut said = String::new();
+    for _ in 0..tries {
+        said = python_error(c).await;
+        if said.contains(needle) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    said
+}
+
 /// While a `serve` fetches its runtimes, a call that needs one must say the setup is under way
 /// and how far it got, not send the user to run it again; once it has failed, it must say why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -531,14 +545,7 @@ async fn a_serve_setting_itself_up_says_so() {
     let index = format!("http://{}", stalled.local_addr().unwrap());
     let dirs = Dirs::new();
     let c = serve_setting_itself_up(&dirs, &index).await;
-    let mut said = String::new();
-    for _ in 0..50 {
-        said = python_error(&c).await;
-        if said.contains("asking the package index") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let said = python_error_once_it_says(&c, "asking the package index", 50).await;
     assert!(said.contains("fetching its runtimes now"), "{said}");
     assert!(said.contains("asking the package index"), "{said}");
     assert!(said.contains("3 runtimes to go"), "{said}");
@@ -548,13 +555,7 @@ async fn a_serve_setting_itself_up_says_so() {
     // An index that refuses: the setup fails, and the error says so and how to retry.
     let dirs = Dirs::new();
     let c = serve_setting_itself_up(&dirs, NO_INDEX).await;
-    for _ in 0..100 {
-        said = python_error(&c).await;
-        if said.contains("failed") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let said = python_error_once_it_says(&c, "failed", 100).await;
     assert!(said.contains("fetching the runtimes failed"), "{said}");
     assert!(said.contains("127.0.0.1:9"), "{said}");
     assert!(said.contains("run `wasmbox setup` to retry"), "{said}");
