@@ -273,24 +273,23 @@ fn unloaded(language: Language, dir: &std::path::Path) -> std::result::Result<St
             let path = lang::javascript::module_path(dir);
             match path.is_file() {
                 true => Ok(String::new()),
-                false => Err(format!("{} ({})", path.display(), setup_hint())),
+                false => Err(missing("javascript", path)),
             }
         }
         Language::Go => match lang::go::find_go(dir) {
             Some(p) if p.is_file() => Ok(format!("; toolchain {}", p.display())),
             _ => Err(format!(
-                "no Go toolchain at {} ({}; or set WASMBOX_GO)",
-                lang::go::pinned_go(dir).display(),
-                setup_hint()
+                "{}; or set WASMBOX_GO to a go 1.21+ binary",
+                missing("go", lang::go::pinned_go(dir))
             )),
         },
         Language::Bash => Err("not available in this build".into()),
     }
 }
 
-/// What to do about a missing runtime: wait for the setup under way, or run one.
-fn setup_hint() -> String {
-    crate::setup::progress_note().unwrap_or_else(|| "run `wasmbox setup`".into())
+/// Health's line for a runtime not there: the error a call would get.
+fn missing(runtime: &'static str, path: std::path::PathBuf) -> String {
+    lang::LangError::RuntimeMissing { runtime, path }.to_string()
 }
 
 impl Runtimes {

