@@ -120,6 +120,56 @@ pub fn mutable_globals(wasm: &[u8]) -> Result<Vec<u32>> {
     Ok(layout(wasm)?.mutable)
 }
 
+/// What in an instance of `wasm` could change at run time besides memory 0 and the mutable
+/// globals, one line each; empty when nothing can. Recycling an instance (`engine::state::reset`)
+/// puts back only those two, so it is allowed only for modules where this is empty: no
+/// instruction that changes a table or drops a segment, one memory, and no imported table,
+/// memory or global (the host's, which a guest could change).
+pub fn state_beyond_memory(wasm: &[u8]) -> Result<Vec<String>> {
+    use wasmparser::Operator as Op;
+    let mut found = std::collections::BTreeSet::new();
+    let mut memories = 0u32;
+    for payload in Parser::new(0).parse_all(wasm) {
+        match payload.map_err(bad)? {
+            Payload::Version { encoding, .. } if encoding != Encoding::Module => {
+                return Err(bad("a component, not a core module"));
+            }
+            Payload::ImportSection(reader) => {
+                for import in reader.into_imports() {
+                    match import.map_err(bad)?.ty {
+                        TypeRef::Table(_) => found.insert("an imported table".to_string()),
+                        TypeRef::Memory(_) => found.insert("an imported memory".to_string()),
+                        TypeRef::Global(_) => found.insert("an imported global".to_string()),
+                        _ => false,
+                    };
+                }
+            }
+            Payload::MemorySection(reader) => memories += reader.count(),
+            Payload::CodeSectionEntry(body) => {
+                let mut ops = body.get_operators_reader().map_err(bad)?;
+                while !ops.eof() {
+                    let what = match ops.read().map_err(bad)? {
+                        Op::TableSet { .. } => "table.set",
+                        Op::TableGrow { .. } => "table.grow",
+                        Op::TableFill { .. } => "table.fill",
+                        Op::TableCopy { .. } => "table.copy",
+                        Op::TableInit { .. } => "table.init",
+                        Op::ElemDrop { .. } => "elem.drop",
+                        Op::DataDrop { .. } => "data.drop",
+                        _ => continue,
+                    };
+                    found.insert(format!("the instruction {what}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    if memories > 1 {
+        found.insert(format!("{memories} memories"));
+    }
+    Ok(found.into_iter().collect())
+}
+
 /// `wasm` with an export `wasmbox:global:{index}` for each mutable global it defines and
 /// `wasmbox:memory` for memory 0; the export section is rebuilt (its existing entries kept as
 /// they were) or added, every other section is copied as it is. Reference-typed globals are
@@ -226,6 +276,62 @@ mod tests {
 
     fn wat(text: &str) -> Vec<u8> {
         wat::parse_str(text).expect("valid WAT")
+    }
+
+    /// Each way a module could keep state a reset misses is named; a module with only a
+    /// memory, globals and a table it never changes has none. The real runtimes' modules are
+    /// checked where they are loaded (tests/all/python_pool.rs: their one-shots are reused).
+    #[test]
+    fn state_beyond_memory_names_what_a_reset_would_miss() {
+        let plain = wat(r#"(module (memory 1) (global (mut i32) (i32.const 0))
+            (table 2 funcref) (elem (i32.const 0) $f)
+            (func $f (call_indirect (i32.const 0)) (global.set 0 (i32.const 1))
+                (i32.store (i32.const 0) (i32.const 1))))"#);
+        assert_eq!(state_beyond_memory(&plain).unwrap(), Vec::<String>::new());
+        for (body, what) in [
+            (
+                "(table.set (i32.const 1) (ref.null func))",
+                "the instruction table.set",
+            ),
+            (
+                "(drop (table.grow (ref.null func) (i32.const 1)))",
+                "the instruction table.grow",
+            ),
+            (
+                "(table.fill (i32.const 0) (ref.null func) (i32.const 1))",
+                "the instruction table.fill",
+            ),
+            (
+                "(table.copy (i32.const 0) (i32.const 1) (i32.const 1))",
+                "the instruction table.copy",
+            ),
+            (
+                "(table.init $e (i32.const 0) (i32.const 0) (i32.const 1))",
+                "the instruction table.init",
+            ),
+            ("(elem.drop $e)", "the instruction elem.drop"),
+            ("(data.drop $d)", "the instruction data.drop"),
+        ] {
+            let m = wat(&format!(
+                r#"(module (memory 1) (table 2 funcref) (elem $e func $f) (data $d "x")
+                    (func $f {body}))"#
+            ));
+            assert_eq!(
+                state_beyond_memory(&m).unwrap(),
+                vec![what.to_string()],
+                "{body}"
+            );
+        }
+        let imported = wat(r#"(module (import "e" "t" (table 1 funcref))
+            (import "e" "g" (global (mut i32))) (memory 1) (memory 1))"#);
+        assert_eq!(
+            state_beyond_memory(&imported).unwrap(),
+            vec![
+                "2 memories".to_string(),
+                "an imported global".into(),
+                "an imported table".into()
+            ]
+        );
     }
 
     /// Names of the module's exports, in order.

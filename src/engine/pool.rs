@@ -1,7 +1,8 @@
 //! Pools of ready instances: made ahead of time by background threads, handed out once each.
 //!
-//! An instance that ran user code is never returned to a pool; `take` removes it for good and
-//! wakes a refill thread. When the pool is empty the caller makes a fresh instance itself (the
+//! An instance that ran user code comes back only through [`Pool::put`], once its owner has
+//! made it as a new one again (`engine::state::reset`); otherwise `take` removes it for good
+//! and a refill thread replaces it. When the pool is empty the caller makes a fresh instance itself (the
 //! pool-empty path), so exhaustion costs latency, never an error.
 //!
 //! Making comes first, polishing second: a refill thread makes instances (cheaply) until the
@@ -65,6 +66,7 @@ struct Shared<T, E> {
     hits: AtomicU64,
     misses: AtomicU64,
     made: AtomicU64,
+    recycled: AtomicU64,
     failures: AtomicU64,
 }
 
@@ -79,6 +81,11 @@ pub struct PoolStats {
     pub hits: u64,
     pub misses: u64,
     pub made: u64,
+    /// Instances that served a request, were put back as they were made and are counted ready
+    /// again (see `engine::state::reset`).
+    pub recycled: u64,
+    /// Never-run instances kept beside the pool to reset spent ones from (0 or 1).
+    pub pristine: usize,
     pub failures: u64,
 }
 
@@ -109,6 +116,7 @@ impl<T: Send + 'static, E: std::fmt::Display + Send + 'static> Pool<T, E> {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             made: AtomicU64::new(0),
+            recycled: AtomicU64::new(0),
             failures: AtomicU64::new(0),
         });
         if target > 0 {
@@ -166,6 +174,30 @@ impl<T: Send + 'static, E: std::fmt::Display + Send + 'static> Pool<T, E> {
         crate::engine::threads::after_answer(move || shared.wake.notify_one());
     }
 
+    /// Puts back `t`, an instance as ready as a made one (a spent one reset), if the pool is
+    /// below its target; otherwise hands it back to be dropped.
+    pub fn put(&self, t: T) -> Result<(), T> {
+        let mut ready = self.shared.ready.lock().unwrap();
+        if ready.counted() >= self.shared.target {
+            return Err(t);
+        }
+        ready.items.push_back(Item { t, polished: false });
+        let full = ready.counted() >= self.shared.target;
+        drop(ready);
+        self.shared.recycled.fetch_add(1, Ordering::Relaxed);
+        self.shared.made_one.notify_all();
+        // Full again: a refill thread polishes it (below the target it would make another).
+        if full && self.shared.polish.is_some() {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Wakes a refill thread now (from a background thread, where nothing waits on a reply).
+    pub fn wake(&self) {
+        self.shared.wake.notify_one();
+    }
+
     /// A ready instance, made now on the caller's thread when the pool is empty (the
     /// pool-empty path), so exhaustion costs latency, never an error.
     pub fn take_or_make(&self) -> Result<T, E> {
@@ -189,6 +221,8 @@ impl<T: Send + 'static, E: std::fmt::Display + Send + 'static> Pool<T, E> {
             hits: s.hits.load(Ordering::Relaxed),
             misses: s.misses.load(Ordering::Relaxed),
             made: s.made.load(Ordering::Relaxed),
+            recycled: s.recycled.load(Ordering::Relaxed),
+            pristine: 0,
             failures: s.failures.load(Ordering::Relaxed),
         }
     }

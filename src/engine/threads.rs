@@ -107,10 +107,17 @@ fn run_all(after: Vec<Deferred>) {
 /// what lets teardown wait out the settling time ([`settle_after_reply`]): at most the queue's
 /// length of spent instances are ever held for it.
 pub fn drop_later<T: Send + 'static>(spent: T) {
-    after_reply(move || hand_to_reaper(spent));
+    reap_later(move || drop(spent));
 }
 
-fn hand_to_reaper<T: Send + 'static>(spent: T) {
+/// As [`drop_later`], for work on a spent instance that ends in its drop or its reuse (a
+/// recycled one-shot instance, `lang::image_runtime`): on the reaper, or inline when its queue
+/// is full. The reaper has a guest's stack, as readying an instance may run wasm.
+pub fn reap_later(job: impl FnOnce() + Send + 'static) {
+    after_reply(move || hand_to_reaper(Box::new(job)));
+}
+
+fn hand_to_reaper(job: Job) {
     const QUEUE: usize = 8;
     type Spent = (std::time::Instant, Job);
     static REAPER: std::sync::OnceLock<Mutex<mpsc::SyncSender<Spent>>> = std::sync::OnceLock::new();
@@ -118,6 +125,7 @@ fn hand_to_reaper<T: Send + 'static>(spent: T) {
         let (tx, rx) = mpsc::sync_channel::<Spent>(QUEUE);
         std::thread::Builder::new()
             .name("wasmbox-reaper".into())
+            .stack_size(GUEST_THREAD_STACK)
             .spawn(move || {
                 idle_priority();
                 while let Ok((due, job)) = rx.recv() {
@@ -130,7 +138,6 @@ fn hand_to_reaper<T: Send + 'static>(spent: T) {
     });
     let settle = SETTLE_US.load(std::sync::atomic::Ordering::Relaxed);
     let due = std::time::Instant::now() + std::time::Duration::from_micros(settle);
-    let job: Job = Box::new(move || drop(spent));
     let refused = tx.lock().unwrap().try_send((due, job));
     match refused {
         Ok(()) => {}

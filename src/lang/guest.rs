@@ -291,6 +291,28 @@ impl Guest {
         Ok(())
     }
 
+    /// Makes this guest, whose instance ran a one-shot and whose memory and globals were then
+    /// made the image's again ([`super::recycle`]), what [`Guest::unarmed`] makes: fresh
+    /// directories, output, clock and WASI state, and deadlines that trap again. The store's
+    /// forwarding instance is kept (it holds no state, and a new one per reuse would pile up in
+    /// the store).
+    pub fn recycle(&mut self, spec: &GuestSpec<'_>) -> Result<()> {
+        let parts = Parts::new(spec, &BTreeMap::new(), None, Duration::ZERO)?;
+        let originals = std::mem::take(&mut self.store.data_mut().originals);
+        *self.store.data_mut() = parts.state;
+        self.store.data_mut().originals = originals;
+        self.store.epoch_deadline_trap();
+        self.store
+            .set_epoch_deadline(deadline_ticks(UNARMED_DEADLINE));
+        self.stdout = parts.stdout;
+        self.stderr = parts.stderr;
+        self._scratch = parts.scratch;
+        self.running = None;
+        self.start = Instant::now();
+        self.callback = false;
+        Ok(())
+    }
+
     /// Applies `req`'s limits from now on and restarts the clock: called when a request takes
     /// this guest. Output written before (a warm-up) is discarded.
     pub fn arm(&mut self, req: &ExecRequest) {

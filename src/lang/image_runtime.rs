@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use wasmtime::{Engine, Instance, InstancePre, Linker, Module};
@@ -19,8 +19,8 @@ use super::{ExecRequest, ExecResult, Language, Place};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::pool::{Polish, Pool, PoolStats};
-use crate::engine::state::StateKey;
-use crate::engine::threads::on_guest_stack;
+use crate::engine::state::{Pristine, Reset, StateKey};
+use crate::engine::threads::{drop_later, on_guest_stack, reap_later};
 
 /// Ready instances kept per language, and the threads that make them.
 #[derive(Clone, Debug)]
@@ -48,8 +48,8 @@ pub trait Flavour: Send + Sync + Sized + 'static {
     fn polish(_shared: &Arc<Shared<Self>>) -> Option<Polish<Ready, Error>> {
         None
     }
-    /// Runs an armed one-shot in a ready instance.
-    fn oneshot(guest: Guest, instance: &Instance, req: &ExecRequest) -> ExecResult;
+    /// Runs an armed one-shot in a ready instance, which is then reset for another or dropped.
+    fn oneshot(guest: &mut Guest, instance: &Instance, req: &ExecRequest) -> ExecResult;
     /// Runs a call in a session that is armed and alive.
     fn call(s: &mut Session, req: &ExecRequest, rich: bool) -> ExecResult;
     fn reseed(s: &mut Session) -> Result<()>;
@@ -124,8 +124,79 @@ impl<F: Flavour> Shared<F> {
 /// spare for restores and forks.
 pub struct ImageRuntime<F: Flavour> {
     shared: Arc<Shared<F>>,
-    pool: Pool<Ready, Error>,
+    pool: Arc<Pool<Ready, Error>>,
     spares: Spares,
+    /// Set once the image is known to be recyclable (checked in the background after load);
+    /// `None` inside: it is not, or recycling is off.
+    recycler: Arc<OnceLock<Option<Recycler>>>,
+}
+
+/// Most host pages a spent one-shot instance may have made its own and still be reset: beyond
+/// this (8 MiB), copying them back costs more than a new instance.
+const RECYCLE_MOST_PAGES: u64 = 2048;
+
+/// A never-run instance of the image, kept to reset spent one-shot instances from
+/// (`engine::state::reset`): their next guest then finds memory and globals byte for byte as a
+/// new instance's, and a fresh store state (`Guest::recycle`).
+struct Recycler {
+    pristine: Mutex<(Guest, wasmtime::Memory)>,
+    reset: Pristine,
+}
+
+impl Recycler {
+    /// A recycler for `shared`'s image, if its module (the code at `code`) keeps no state a
+    /// reset would miss.
+    fn new<F: Flavour>(shared: &Shared<F>, code: &Path) -> Result<Self> {
+        let wasm = std::fs::read(code)
+            .map_err(|e| Error::wasm(format!("reading {}: {e}", code.display())))?;
+        let beyond = crate::engine::globals::state_beyond_memory(&wasm)?;
+        drop(wasm);
+        if !beyond.is_empty() {
+            return Err(Error::wasm(format!(
+                "its module can change more than memory and globals: {}",
+                beyond.join(", ")
+            )));
+        }
+        let (mut guest, instance) = shared.instantiate_in(None)?;
+        let memory = super::session::exported_memory(&mut guest, &instance)?;
+        let reset = Pristine::of(&mut guest.store, &instance, memory)?;
+        Ok(Self {
+            pristine: Mutex::new((guest, memory)),
+            reset,
+        })
+    }
+
+    /// Resets `guest`'s instance from the pristine one and readies it as a new one; false when
+    /// it cannot be (grown memory, too many pages), and it is then to be dropped.
+    fn recycle<F: Flavour>(
+        &self,
+        shared: &Shared<F>,
+        guest: &mut Guest,
+        instance: &Instance,
+    ) -> Result<bool> {
+        let memory = super::session::exported_memory(guest, instance)?;
+        let reset = {
+            let pristine = self.pristine.lock().unwrap();
+            self.reset.reset(
+                &pristine.0.store,
+                pristine.1,
+                &mut guest.store,
+                instance,
+                memory,
+                RECYCLE_MOST_PAGES,
+            )
+        }?;
+        if !matches!(reset, Reset::Done { .. }) {
+            tracing::trace!(
+                "{}: a spent instance is not reset: {reset:?}",
+                F::LANGUAGE.as_str()
+            );
+            return Ok(false);
+        }
+        guest.recycle(&shared.flavour.spec())?;
+        F::ready(shared, guest, instance)?;
+        Ok(true)
+    }
 }
 
 impl<F: Flavour> ImageRuntime<F> {
@@ -175,13 +246,40 @@ impl<F: Flavour> ImageRuntime<F> {
         let shared = Arc::new(shared);
         let made = shared.clone();
         let polish = F::polish(&shared);
-        let pool = Pool::new(
+        let recycling =
+            pool.size > 0 && std::env::var_os("WASMBOX_RECYCLE").is_none_or(|v| v != "0");
+        let pool = Arc::new(Pool::new(
             name,
             pool.size,
             pool.refill_threads,
             move || made.ready_in(None),
             polish,
-        );
+        ));
+        let recycler = Arc::new(OnceLock::new());
+        if recycling {
+            let (cell, s, code) = (recycler.clone(), shared.clone(), plain.to_path_buf());
+            std::thread::Builder::new()
+                .name(format!("wasmbox-{name}-recycler"))
+                .spawn(move || {
+                    super::super::engine::threads::idle_priority();
+                    let start = std::time::Instant::now();
+                    let r = Recycler::new(&s, &code)
+                        .inspect(|_| {
+                            tracing::debug!(
+                                "{name}: one-shot instances are reused (checked in {:?})",
+                                start.elapsed()
+                            )
+                        })
+                        .inspect_err(|e| {
+                            tracing::info!("{name}: one-shot instances are not reused: {e}")
+                        })
+                        .ok();
+                    let _ = cell.set(r);
+                })
+                .map_err(|e| Error::wasm(format!("spawning the recycler thread: {e}")))?;
+        } else {
+            let _ = recycler.set(None);
+        }
         let (made, bound) = (shared.clone(), shared.clone());
         let spares = Spares::new(
             &format!("{name}-spare"),
@@ -197,6 +295,7 @@ impl<F: Flavour> ImageRuntime<F> {
                 shared,
                 pool,
                 spares,
+                recycler,
             },
             origin,
         ))
@@ -212,7 +311,10 @@ impl<F: Flavour> ImageRuntime<F> {
     }
 
     pub fn pool_stats(&self) -> PoolStats {
-        self.pool.stats()
+        PoolStats {
+            pristine: usize::from(matches!(self.recycler.get(), Some(Some(_)))),
+            ..self.pool.stats()
+        }
     }
 
     /// The counters of the spare instance kept for restores and forks, once there is one.
@@ -231,9 +333,10 @@ impl<F: Flavour> ImageRuntime<F> {
     }
 
     /// Runs `req` in a ready instance (from the pool, or made now; in a sandbox's directories
-    /// one made for it, as pooled ones have their own) and drops it. Blocking: call it on a
-    /// guest thread.
+    /// one made for it, as pooled ones have their own), then resets a pooled one for the next
+    /// one-shot or drops it. Blocking: call it on a guest thread.
     pub fn run_oneshot(&self, req: &ExecRequest) -> Result<ExecResult> {
+        let pooled = req.place.is_none() && unlike_pooled(&req.owner).is_none();
         let Ready {
             mut guest,
             instance,
@@ -242,11 +345,59 @@ impl<F: Flavour> ImageRuntime<F> {
             (place, mounts) => self.shared.ready_for(place.as_ref(), mounts)?,
         };
         guest.arm(req);
-        let r = F::oneshot(guest, &instance, req);
-        if req.place.is_none() && unlike_pooled(&req.owner).is_none() {
-            self.pool.refill();
+        let r = F::oneshot(&mut guest, &instance, req);
+        match (pooled, self.recycler.get()) {
+            (true, Some(Some(_))) => self.recycle_later(guest, instance),
+            (true, _) => {
+                drop_later(guest);
+                self.pool.refill();
+            }
+            (false, _) => drop_later(guest),
         }
         Ok(r)
+    }
+
+    /// Once the reply is out, resets a spent pooled instance and puts it back in the pool (its
+    /// replacement, so no refill is woken); one that cannot be reset, or finds the pool full,
+    /// is dropped and a refill woken.
+    fn recycle_later(&self, mut guest: Guest, instance: Instance) {
+        let (shared, pool, recycler) = (
+            self.shared.clone(),
+            self.pool.clone(),
+            self.recycler.clone(),
+        );
+        reap_later(move || {
+            let Some(Some(recycler)) = recycler.get() else {
+                return;
+            };
+            let reused = recycler
+                .recycle(&shared, &mut guest, &instance)
+                .inspect_err(|e| tracing::debug!("a spent instance is not reset: {e}"))
+                .unwrap_or(false);
+            let back = match reused {
+                true => pool.put(Ready { guest, instance }).err(),
+                false => Some(Ready { guest, instance }),
+            };
+            if let Some(spent) = back {
+                drop(spent);
+                pool.wake();
+            }
+        });
+    }
+
+    /// Waits until it is known whether spent one-shot instances are reused, and says whether
+    /// they are (tests and benches).
+    pub fn wait_recycling(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(r) = self.recycler.get() {
+                return r.is_some();
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 

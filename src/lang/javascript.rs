@@ -100,10 +100,10 @@ impl Flavour for JavaScript {
         }
     }
 
-    fn oneshot(mut guest: Guest, instance: &Instance, req: &ExecRequest) -> ExecResult {
+    fn oneshot(guest: &mut Guest, instance: &Instance, req: &ExecRequest) -> ExecResult {
         // A plain one-shot's context was made with the base environment: nothing to reset.
         let outcome = run(&mut guest.store, instance, req, req.place.is_some());
-        guest.finish(outcome, Language::JavaScript)
+        guest.result(outcome, Language::JavaScript)
     }
 
     /// The sandbox's env may have changed since the last call, or lost a variable: it is set

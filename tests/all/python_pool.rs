@@ -160,13 +160,14 @@ async fn sustained_load_does_not_exhaust_instance_slots() {
     let m = settled(&c).await;
     let slots = &m["slots"];
     assert_eq!(slots["limit"], 32, "{m}");
+    // Ready instances, and the never-run one each pool keeps to reset spent ones from.
     let ready = |name: Option<&str>| -> u64 {
         m["pools"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|p| name.is_none_or(|n| p["name"] == n))
-            .map(|p| p["ready"].as_u64().unwrap())
+            .map(|p| p["ready"].as_u64().unwrap() + p["pristine"].as_u64().unwrap_or(0))
             .sum()
     };
     let (instances, gc_heaps) = (
@@ -298,5 +299,150 @@ async fn polish_leaves_nothing_for_user_code_to_see() {
     let b = py(&fresh, code).await;
     assert_eq!(a["stdout"], b["stdout"], "{a}\n{b}");
     pooled.cancel().await.unwrap();
+    fresh.cancel().await.unwrap();
+}
+
+/// The `name` pool's counters.
+async fn pool_of(c: &Client, name: &str) -> Value {
+    let m = object(&call(c, "get_system_metrics", json!({})).await);
+    m["pools"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == name).cloned())
+        .unwrap_or_else(|| panic!("no {name} pool: {m}"))
+}
+
+/// Waits until the `name` pool keeps a never-run instance to reset spent ones from (it is made
+/// once the image's code is checked, in the background after load).
+async fn recycling(c: &Client, name: &str) {
+    for _ in 0..1500 {
+        if pool_of(c, name).await["pristine"] == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "{name}'s one-shot instances are never reused: {}",
+        pool_of(c, name).await
+    );
+}
+
+/// Waits until the `name` pool (of one) holds an instance and has put back `least` reset ones
+/// in all, and returns that count: with `least` one past the last count, the next one-shot
+/// runs in the instance the last one-shot ran in, reset.
+async fn recycled_at_least(c: &Client, name: &str, least: u64) -> u64 {
+    for _ in 0..600 {
+        let p = pool_of(c, name).await;
+        let recycled = p["recycled"].as_u64().unwrap();
+        if recycled >= least && p["ready"] == 1 {
+            return recycled;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "no {name} instance was reset and put back: {}",
+        pool_of(c, name).await
+    );
+}
+
+/// A one-shot's instance is reset in place and serves the next one-shot (memory and globals
+/// copied back from a never-run instance of the image, a fresh store state): nothing the last
+/// guest changed, in the interpreter's state, its memory, its files, its environment or its
+/// random generators, reaches the next one, which sees what a new instance shows. A guest that
+/// ended in a trap (its deadline) leaves an instance that is reset and serves as well.
+#[tokio::test]
+async fn a_recycled_instance_shows_nothing_of_its_last_guest() {
+    let c = server_with_env(&[("WASMBOX_POOL_SIZE", "1")]).await;
+    let fresh = server_with_env(&[("WASMBOX_POOL_SIZE", "0")]).await;
+    let probe = "import sys, os, random, builtins, json\nimport numpy as np\n\
+                 print(sorted(globals()), len(sys.modules), sorted(vars(sys))[:0], os.getcwd(), \
+                 sys.getrecursionlimit(), sorted(k for k in os.environ), hasattr(builtins, 'wb'), \
+                 hasattr(json, 'wb'), len(sys.path), os.listdir('/workspace'), os.listdir('/tmp'))";
+    let expected = py(&fresh, probe).await;
+    assert_eq!(expected["exit_code"], 0, "{expected}");
+    let draw = "import random\nimport numpy as np\nprint(random.random(), np.random.rand())";
+    // What a guest leaves behind: module state, builtins, the environment, the working
+    // directory, interpreter settings, files, a buffer kept alive, its random generators.
+    let messy = "import sys, os, random, builtins, json\nimport numpy as np\n\
+                 sys.wb_marker = 'left behind'\nbuiltins.wb = 1\njson.wb = 1\nsecret = 'x' * 100\n\
+                 os.environ['WB_LEFT'] = '1'\nos.chdir('/tmp')\nsys.setrecursionlimit(77)\n\
+                 sys.path.append('/tmp/wb')\nsys.wb_keep = bytearray(b'\\xab' * 100000)\n\
+                 open('/workspace/left', 'w').write('x')\nopen('/tmp/left', 'w').write('x')\n\
+                 random.seed(1)\nnp.random.seed(1)\nprint('messy')";
+    recycling(&c, "python").await;
+    let mut recycled = recycled_at_least(&c, "python", 0).await;
+    let mut draws = Vec::new();
+    for round in 0..3 {
+        let r = py(&c, messy).await;
+        assert_eq!(r["stdout"], "messy\n", "{r}");
+        recycled = recycled_at_least(&c, "python", recycled + 1).await;
+        let r = py(&c, probe).await;
+        assert_eq!(r["stdout"], expected["stdout"], "round {round}: {r}");
+        recycled = recycled_at_least(&c, "python", recycled + 1).await;
+        let r = py(&c, draw).await;
+        assert_eq!(r["exit_code"], 0, "{r}");
+        draws.push(r["stdout"].as_str().unwrap().to_string());
+        // A trap mid-turn (the deadline) leaves the interpreter anywhere: reset all the same.
+        let r = call(
+            &c,
+            "execute_code",
+            json!({"code": "while True: pass", "timeout": 1}),
+        )
+        .await;
+        assert_eq!(object(&r)["limit"], "timeout", "{r:?}");
+        recycled = recycled_at_least(&c, "python", recycled + 1).await;
+        let r = py(&c, probe).await;
+        assert_eq!(
+            r["stdout"], expected["stdout"],
+            "round {round}, after a trap: {r}"
+        );
+        recycled = recycled_at_least(&c, "python", recycled + 1).await;
+    }
+    let mut distinct = draws.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        draws.len(),
+        "random draws repeated: {draws:?}"
+    );
+    assert!(
+        !draws.iter().any(|d| d.starts_with("0.134364")),
+        "seed(1)'s first draw: {draws:?}"
+    );
+    c.cancel().await.unwrap();
+    fresh.cancel().await.unwrap();
+}
+
+/// The same for JavaScript's instances: globals a guest set are not in the next one-shot,
+/// which runs in the same (reset) instance. (A guest that grows QuickJS's memory, as most
+/// larger ones do, leaves an instance that is dropped, not reset.)
+#[tokio::test]
+async fn a_recycled_javascript_instance_shows_nothing_of_its_last_guest() {
+    let c = server_with_env(&[("WASMBOX_POOL_SIZE", "1")]).await;
+    let js = |code: &str| json!({"language": "javascript", "code": code});
+    let probe = "console.log(typeof m, typeof q, typeof Math.w, \
+                 JSON.stringify(Object.keys(globalThis).sort()))";
+    let fresh = server_with_env(&[("WASMBOX_POOL_SIZE", "0")]).await;
+    let expected = object(&call(&fresh, "execute_code", js(probe)).await);
+    assert_eq!(expected["exit_code"], 0, "{expected}");
+    // JavaScript loads on first use.
+    let r = object(&call(&c, "execute_code", js("console.log(0)")).await);
+    assert_eq!(r["stdout"], "0\n", "{r}");
+    recycling(&c, "javascript").await;
+    let mut recycled = recycled_at_least(&c, "javascript", 0).await;
+    for messy in [
+        "globalThis.m = 1; console.log('messy')",
+        "var q = 2; console.log('messy')",
+        "Math.w = 3; console.log('messy')",
+    ] {
+        let r = object(&call(&c, "execute_code", js(messy)).await);
+        assert_eq!(r["stdout"], "messy\n", "{r}");
+        recycled = recycled_at_least(&c, "javascript", recycled + 1).await;
+        let r = object(&call(&c, "execute_code", js(probe)).await);
+        assert_eq!(r["stdout"], expected["stdout"], "after {messy:?}: {r}");
+        // The probe's instance may have grown (then a new one is made): wait for either.
+        recycled = recycled_at_least(&c, "javascript", recycled).await;
+    }
+    c.cancel().await.unwrap();
     fresh.cancel().await.unwrap();
 }

@@ -21,10 +21,12 @@ mod capture;
 mod fixture;
 mod format;
 mod pages;
+mod reset;
 mod restore;
 
 pub use capture::{capture, capture_full};
 pub use format::{StateError, StateKey};
+pub use reset::{Pristine, Reset};
 pub use restore::{Copied, copy, restore};
 
 use pages::count;

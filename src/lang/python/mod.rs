@@ -216,12 +216,12 @@ impl Flavour for Python {
         }))
     }
 
-    fn oneshot(mut guest: Guest, instance: &Instance, req: &ExecRequest) -> ExecResult {
+    fn oneshot(guest: &mut Guest, instance: &Instance, req: &ExecRequest) -> ExecResult {
         let outcome = turn(&mut guest.store, instance, &user_turn(req))
             // `exit()`/`quit()` return 256 | status.
             .map(|status| status & 255);
         let images = guest.take_images();
-        with_images(guest.finish(outcome, Language::Python), images)
+        with_images(guest.result(outcome, Language::Python), images)
     }
 
     /// `req.code` in the session's globals; with `req.echo` the value of a final expression is
