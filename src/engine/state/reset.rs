@@ -160,6 +160,18 @@ mod tests {
         }
     }
 
+    /// [`Pristine::reset`] of `used` from `pristine`.
+    fn reset(p: &Pristine, pristine: &Guest, used: &mut Guest, most: u64) -> Result<Reset> {
+        p.reset(
+            &pristine.store,
+            pristine.memory,
+            &mut used.store,
+            &used.instance,
+            used.memory,
+            most,
+        )
+    }
+
     #[test]
     fn union_merges_overlapping_and_touching_runs() {
         assert_eq!(
@@ -200,16 +212,7 @@ mod tests {
                 for _ in 0..rng.below(10) {
                     let _ = used.load((rng.below(size / 4) * 4) as i32);
                 }
-                let r = p
-                    .reset(
-                        &pristine.store,
-                        pristine.memory,
-                        &mut used.store,
-                        &used.instance,
-                        used.memory,
-                        u64::MAX,
-                    )
-                    .unwrap();
+                let r = reset(&p, &pristine, &mut used, u64::MAX).unwrap();
                 assert!(matches!(r, Reset::Done { .. }), "{label} {round}: {r:?}");
                 assert!(
                     used.memory.data(&used.store) == fresh.memory.data(&fresh.store),
@@ -238,28 +241,14 @@ mod tests {
         for i in 0..8 {
             used.store(20 * P + i * P, 1);
         }
-        let r = p.reset(
-            &pristine.store,
-            pristine.memory,
-            &mut used.store,
-            &used.instance,
-            used.memory,
-            4,
-        );
+        let r = reset(&p, &pristine, &mut used, 4);
         assert!(
             matches!(r, Ok(Reset::TooMany { pages }) if pages >= 8),
             "{r:?}"
         );
         assert_eq!(used.load(20 * P), 1, "left as it was");
         assert_eq!(used.call::<_, i32>("grow", 1), 4);
-        let r = p.reset(
-            &pristine.store,
-            pristine.memory,
-            &mut used.store,
-            &used.instance,
-            used.memory,
-            u64::MAX,
-        );
+        let r = reset(&p, &pristine, &mut used, u64::MAX);
         assert_eq!(r.unwrap(), Reset::Grew);
     }
 }
