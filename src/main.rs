@@ -54,10 +54,14 @@ enum Command {
         /// Allow --http on a non-loopback address.
         #[arg(long, requires = "http")]
         allow_remote: bool,
-        /// Tool calls one token may have running at once [default: the CPU slots less one, at
-        /// least 1, so that one token's calls never fill every slot].
+        /// Tool calls one token may have running at once [default: the CPU slots: a token
+        /// alone may use them all; while another token waits, the CPU scheduler gives it turns].
         #[arg(long, env = "WASMBOX_TOKEN_CONCURRENCY")]
         calls_per_token: Option<usize>,
+        /// Tool calls one token may have waiting for one of its running places; past it a call
+        /// is refused, saying so.
+        #[arg(long, env = "WASMBOX_TOKEN_QUEUE", default_value_t = 64)]
+        queue_per_token: usize,
         /// An `mcpServers` file (Claude Desktop's form) whose servers' tools code may call:
         /// `from wasmbox import tools` in Python, `tools` in JavaScript (stdio only).
         #[arg(long, value_name = "FILE", env = "WASMBOX_MCP_CONFIG")]
@@ -248,11 +252,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             http: Some(addr),
             allow_remote,
             calls_per_token,
+            queue_per_token,
             ..
         } => {
             let dir = config_dir(&wasmbox);
             let calls_per_token = calls_per_token
-                .unwrap_or(wasmbox.config().max_concurrency - 1)
+                .unwrap_or(wasmbox.config().max_concurrency)
                 .max(1);
             let from_env = std::env::var("WASMBOX_TOKEN").ok();
             let chosen = from_env.is_some();
@@ -285,6 +290,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                     allow_remote,
                     tokens,
                     calls_per_token,
+                    queue_per_token,
                 },
             )
             .await?;

@@ -49,15 +49,16 @@ pub struct Over {
     pub quota: Quota,
     /// The walk failed (unreadable or too deep): counted as over.
     pub unmeasured: bool,
-    /// The lent folder that is full (`None`: a sandbox's or one-shot's own directories).
-    pub folder: Option<Arc<str>>,
+    /// The lent folder that is full and the room guests had in it past what it held when it was
+    /// lent (`None`: a sandbox's or one-shot's own directories).
+    pub folder: Option<(Arc<str>, Quota)>,
 }
 
 pub struct DiskBudget {
     roots: Vec<PathBuf>,
     quota: Quota,
-    /// A lent folder's guest path, for what a refusal says.
-    folder: Option<Arc<str>>,
+    /// A lent folder's guest path and room, for what a refusal says.
+    folder: Option<(Arc<str>, Quota)>,
     state: Mutex<Count>,
     /// Held by a writer from its look at the files before a change to its look after.
     changing: Mutex<()>,
@@ -115,7 +116,7 @@ impl DiskBudget {
         Ok(Arc::new(Self {
             roots,
             quota,
-            folder: Some(folder.into()),
+            folder: Some((folder.into(), room)),
             state: Mutex::new(Count {
                 bytes,
                 entries,

@@ -419,8 +419,21 @@ impl Guest {
     /// its output to the caller-facing result; the sandbox is dropped in the background.
     pub fn finish(mut self, outcome: wasmtime::Result<i32>, language: Language) -> ExecResult {
         let result = self.result(outcome, language);
+        self.close_files();
         crate::engine::threads::drop_later(self);
         result
+    }
+
+    /// Closes every file a spent guest still holds, now rather than when its instance is
+    /// dropped or reset after the reply: a file it removed while open counts against its
+    /// folder's room until closed, and the next run must find that room free.
+    pub fn close_files(&mut self) {
+        let data = self.store.data_mut();
+        if data.files.is_empty() {
+            return;
+        }
+        data.wasi = WasiCtxBuilder::new().build_p1();
+        data.files = super::wasi::OpenFiles::default();
     }
 
     /// The result of the latest call on a guest that lives on (a session): takes the output
@@ -469,6 +482,18 @@ impl Guest {
     }
 }
 
+/// The result's note for a run stopped at a lent folder's room (the caller's, beside the
+/// guest's stderr): which folder, and the room guests had there.
+fn folder_note(o: &Over) -> Option<String> {
+    let (folder, room) = o.folder.as_ref()?;
+    Some(format!(
+        "stopped at the room of the lent folder {folder}: guests may add {} bytes and {} files \
+         and directories to what it held when the server started (WASMBOX_MOUNT_DISK_MB, \
+         WASMBOX_MOUNT_FILES); remove files there to free room",
+        room.max_bytes, room.max_entries
+    ))
+}
+
 /// The note of a guest the disk limit stopped.
 pub fn disk_note(over: Option<Over>) -> String {
     let Some(o) = over else {
@@ -489,7 +514,7 @@ pub fn disk_note(over: Option<Over>) -> String {
         )
     };
     match &o.folder {
-        Some(folder) => format!(
+        Some((folder, _)) => format!(
             "wasmbox: execution stopped: the lent folder {folder} is full ({what}); code may add WASMBOX_MOUNT_DISK_MB and WASMBOX_MOUNT_FILES to what it held when the server started; remove files there to free space"
         ),
         None => format!(
@@ -520,6 +545,7 @@ fn finish(
     } = limits;
     let mut limit = memory_hit.then_some(LimitHit::Memory);
     let mut notes = Vec::new();
+    let mut result_notes = Vec::new();
     let exit_code = match outcome {
         Ok(status) => status,
         Err(e) => {
@@ -529,6 +555,7 @@ fn finish(
                 match why {
                     StopReason::DiskQuota => {
                         limit = Some(LimitHit::Disk);
+                        result_notes.extend(disk_over.as_ref().and_then(folder_note));
                         notes.push(disk_note(disk_over));
                         1
                     }
@@ -612,7 +639,7 @@ fn finish(
         language,
         stage: None,
         rich: Vec::new(),
-        notes: Vec::new(),
+        notes: result_notes,
         cloud_sandbox_id: None,
         gaps: crate::lang::Gaps {
             stdout: stdout_gap,

@@ -346,6 +346,7 @@ impl<F: Flavour> ImageRuntime<F> {
         };
         guest.arm(req);
         let r = F::oneshot(&mut guest, &instance, req);
+        guest.close_files();
         match (pooled, self.recycler.get()) {
             (true, Some(Some(_))) => self.recycle_later(guest, instance),
             (true, _) => {

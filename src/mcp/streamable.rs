@@ -26,6 +26,8 @@ pub struct HttpOptions {
     pub tokens: Vec<String>,
     /// Tool calls one token may have running at once.
     pub calls_per_token: usize,
+    /// Tool calls one token may have waiting for a running place.
+    pub queue_per_token: usize,
 }
 
 /// The identity and limits of one token.
@@ -67,11 +69,11 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
             let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
             TokenEntry {
                 digest,
-                owner: Owner {
-                    id: owner_id(&digest).into(),
-                    calls: Arc::new(tokio::sync::Semaphore::new(opts.calls_per_token)),
-                    max_calls: opts.calls_per_token,
-                },
+                owner: Owner::new(
+                    &owner_id(&digest),
+                    opts.calls_per_token,
+                    opts.queue_per_token,
+                ),
             }
         })
         .collect();

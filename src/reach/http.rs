@@ -183,8 +183,20 @@ pub async fn fetch(
         let secrets = &reach.config.secrets;
         let with = |b: &[u8]| secrets::insert(secrets, &host, port, b);
         let target = match with(url.as_str().as_bytes()) {
-            Some(u) => Url::parse(&String::from_utf8_lossy(&u))
-                .map_err(|e| Failure::failed(format!("the URL with its secrets: {e}")))?,
+            Some(u) => {
+                let t = Url::parse(&String::from_utf8_lossy(&u)).map_err(|_| {
+                    Failure::failed(format!("{url}: the URL with its secrets does not parse"))
+                })?;
+                // A value with `@` or `/` in it must not move the request to another host.
+                if t.host_str() != url.host_str()
+                    || t.port_or_known_default() != url.port_or_known_default()
+                {
+                    return Err(Failure::refused(format!(
+                        "{url}: a secret's value would change the URL's host; refused"
+                    )));
+                }
+                t
+            }
             None => url.clone(),
         };
         let mut map = reqwest::header::HeaderMap::new();
@@ -209,13 +221,29 @@ pub async fn fetch(
         if status.is_redirection()
             && let Some(to) = resp.headers().get(reqwest::header::LOCATION)
         {
+            // The Location is the guest's form again (a host may echo what it was sent, the
+            // value included) before the next hop is decided: that hop's own secrets are put in
+            // at its turn, and only if it is one of their hosts.
             let to = to
                 .to_str()
                 .ok()
-                .and_then(|l| url.join(l).ok())
+                .map(|l| {
+                    String::from_utf8_lossy(&secrets::scrub(secrets, l.as_bytes().to_vec()))
+                        .into_owned()
+                })
+                .and_then(|l| url.join(&l).ok())
                 .ok_or_else(|| {
                     Failure::failed(format!("{url} redirects to an unreadable Location"))
                 })?;
+            if let Some(s) = secrets::carried(secrets, &to) {
+                return Err(Failure::refused(format!(
+                    "{url} redirects to {}, carrying the value of secret {} in a form the host cannot put back; refused: {} goes only to its own hosts ({})",
+                    to.host_str().unwrap_or(""),
+                    s.name,
+                    s.name,
+                    s.hosts
+                )));
+            }
             check_url(reach, &to).map_err(|f| {
                 Failure::refused(format!(
                     "{url} redirects to {to}, which is refused: {}",
@@ -247,7 +275,8 @@ pub async fn fetch(
         let head = Response {
             status: status.as_u16(),
             reason: status.canonical_reason().unwrap_or("").to_string(),
-            url: resp.url().to_string(),
+            // The guest's form: the URL sent carries the values (percent-encoded, past scrubbing).
+            url: url.to_string(),
             headers: resp
                 .headers()
                 .iter()
@@ -299,4 +328,234 @@ fn failure(url: &Url, e: &reqwest::Error) -> Failure {
         src = s.source();
     }
     Failure::failed(format!("{url}: {msg}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    use axum::http::{HeaderMap, StatusCode, Uri, header};
+    use axum::response::IntoResponse;
+    use percent_encoding::{NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+
+    use super::*;
+    use crate::reach::{HostList, ReachConfig, secrets};
+
+    /// xorshift64*: the sequence is the seed's, so a failure can be replayed.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    /// Where a host puts what it was sent in the next URL, and how it writes it.
+    #[derive(Debug, Clone, Copy)]
+    enum Place {
+        Path,
+        Query,
+        Fragment,
+    }
+    #[derive(Debug, Clone, Copy)]
+    enum Writing {
+        AsReceived,
+        Decoded,
+        Component,
+        Form,
+        Twice,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Redirect(u16, usize, Place, Writing),
+        Answer,
+    }
+
+    #[derive(Default)]
+    struct Script {
+        steps: VecDeque<Step>,
+        /// (host index, the request line's target and every header) of each request.
+        seen: Vec<(usize, String)>,
+    }
+
+    /// An open redirect on each of `n` hosts: each request is logged whole, then answered with
+    /// the script's next step, which echoes what was sent into the next hop's URL.
+    async fn hosts(n: usize, script: Arc<Mutex<Script>>) -> Vec<u16> {
+        let mut listeners = Vec::new();
+        for _ in 0..n {
+            listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
+        }
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        for (i, l) in listeners.into_iter().enumerate() {
+            let (script, ports) = (script.clone(), ports.clone());
+            let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap| {
+                let (script, ports) = (script.clone(), ports.clone());
+                async move {
+                    let sent = uri.to_string();
+                    let mut whole = sent.clone();
+                    for (k, v) in &headers {
+                        whole
+                            .push_str(&format!("\n{k}: {}", String::from_utf8_lossy(v.as_bytes())));
+                    }
+                    let mut s = script.lock().unwrap();
+                    s.seen.push((i, whole));
+                    let Some(Step::Redirect(status, to, place, writing)) = s.steps.pop_front()
+                    else {
+                        return (StatusCode::OK, sent).into_response();
+                    };
+                    let decoded = percent_decode_str(&sent).decode_utf8_lossy().into_owned();
+                    let echo = match writing {
+                        Writing::AsReceived => sent.clone(),
+                        Writing::Decoded => decoded,
+                        Writing::Component => {
+                            utf8_percent_encode(&decoded, NON_ALPHANUMERIC).to_string()
+                        }
+                        Writing::Form => {
+                            url::form_urlencoded::byte_serialize(decoded.as_bytes()).collect()
+                        }
+                        Writing::Twice => utf8_percent_encode(&sent, NON_ALPHANUMERIC).to_string(),
+                    };
+                    let base = format!("http://127.0.0.1:{}", ports[to]);
+                    let location = match place {
+                        Place::Path => format!("{base}/p/{echo}"),
+                        Place::Query => format!("{base}/q?to={echo}"),
+                        Place::Fragment => format!("{base}/f#{echo}"),
+                    };
+                    let status = StatusCode::from_u16(status).unwrap();
+                    (status, [(header::LOCATION, location)]).into_response()
+                }
+            });
+            tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+        }
+        ports
+    }
+
+    /// `text` carries `value` as sent, or after up to three rounds of decoding (`+` a space).
+    fn carries(text: &str, value: &str) -> bool {
+        let mut t = text.to_string();
+        for _ in 0..4 {
+            if t.contains(value) || t.replace('+', " ").contains(value) {
+                return true;
+            }
+            t = percent_decode_str(&t).decode_utf8_lossy().into_owned();
+        }
+        false
+    }
+
+    /// Random redirect chains over a secret's host and two other allowed hosts, each an open
+    /// redirect echoing what it was sent (the value included) into the next URL's path, query
+    /// or fragment, as sent, decoded or encoded again: no request to a host other than the
+    /// secret's ever carries its value, in the URL or a header, and the guest's answer never
+    /// names it.
+    #[tokio::test]
+    async fn a_secret_never_rides_a_redirect_to_another_host() {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let ports = hosts(3, script.clone()).await;
+        let mut config = ReachConfig::from_env();
+        config.error = None;
+        config.allow_private = true;
+        config.hosts = HostList::parse(
+            &ports
+                .iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+        .unwrap();
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1;
+        let mut r = Rng(seed);
+        let mut delivered = 0;
+        for value in ["s3cr3tValue9f2c", "tok en/\u{e4}&x=1+y;@", "a%2Fb?c#d"] {
+            config.secrets = secrets::parse(&format!("TOKEN@127.0.0.1:{}", ports[0]), |_| {
+                Some(value.to_string())
+            })
+            .unwrap();
+            let placeholder = config.secrets[0].placeholder.clone();
+            let reach = Reach::new(config.clone()).unwrap();
+            for round in 0..60 {
+                let steps: VecDeque<Step> = (0..r.below(12))
+                    .map(|_| {
+                        let status = [301, 302, 303, 307, 308][r.below(5) as usize];
+                        let place =
+                            [Place::Path, Place::Query, Place::Fragment][r.below(3) as usize];
+                        let writing = [
+                            Writing::AsReceived,
+                            Writing::Decoded,
+                            Writing::Component,
+                            Writing::Form,
+                            Writing::Twice,
+                        ][r.below(5) as usize];
+                        Step::Redirect(status, r.below(3) as usize, place, writing)
+                    })
+                    .chain([Step::Answer])
+                    .collect();
+                let first = r.below(3) as usize;
+                let url = match r.below(3) {
+                    0 => format!("http://127.0.0.1:{}/start/{placeholder}", ports[first]),
+                    1 => format!(
+                        "http://127.0.0.1:{}/start?t={placeholder}&x=1",
+                        ports[first]
+                    ),
+                    _ => format!("http://127.0.0.1:{}/start#{placeholder}", ports[first]),
+                };
+                let why =
+                    format!("seed {seed:#x}, value {value:?}, round {round}, {url}, {steps:?}");
+                {
+                    let mut s = script.lock().unwrap();
+                    s.steps = steps;
+                    s.seen.clear();
+                }
+                let req = Request {
+                    method: ["GET", "POST"][r.below(2) as usize].to_string(),
+                    url,
+                    headers: vec![
+                        ("Authorization".into(), format!("Bearer {placeholder}")),
+                        ("X-Token".into(), placeholder.clone()),
+                    ],
+                };
+                let body = format!("token={placeholder}").into_bytes();
+                let answer = fetch(&reach, req, body).await;
+                let seen = std::mem::take(&mut script.lock().unwrap().seen);
+                for (host, whole) in &seen {
+                    if *host == 0 {
+                        delivered += usize::from(carries(whole, value));
+                    } else {
+                        assert!(
+                            !carries(whole, value),
+                            "host {host} got the value: {whole}\n{why}"
+                        );
+                    }
+                }
+                let told = match answer {
+                    Ok((head, body)) => format!(
+                        "{} {:?} {}",
+                        head.url,
+                        head.headers,
+                        String::from_utf8_lossy(&secrets::scrub(&reach.config.secrets, body))
+                    ),
+                    Err(f) => String::from_utf8_lossy(&secrets::scrub(
+                        &reach.config.secrets,
+                        f.message.into_bytes(),
+                    ))
+                    .into_owned(),
+                };
+                assert!(
+                    !told.contains(value),
+                    "the guest is told the value: {told}\n{why}"
+                );
+            }
+        }
+        assert!(delivered > 0, "the secret's own host never got the value");
+    }
 }

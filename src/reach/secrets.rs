@@ -3,6 +3,11 @@
 //! placeholder back wherever the value appears in what a host call answers. The answer is the
 //! only way anything of the host's reaches a guest, so the value cannot reach its output, its
 //! files, its jobs or its saved state.
+//!
+//! A value the host put into a URL travels on percent-encoded, and a host may echo it back in a
+//! redirect's `Location`: scrubbing knows every form the host's own encoders give the value, and
+//! [`carried`] decodes a URL to find the value in forms it does not, so that no hop to a host
+//! outside the secret's list carries it.
 
 use super::policy::{HostList, HostPattern};
 
@@ -14,6 +19,10 @@ pub struct Secret {
     /// The variable's name, in the host's environment and the guest's.
     pub name: String,
     value: Vec<u8>,
+    /// The value as it stands raw and as the host's encoders write it (URL path, query,
+    /// fragment, user info, form and full percent-encoding), longest first: what scrubbing
+    /// replaces.
+    forms: Vec<Vec<u8>>,
     pub placeholder: String,
     /// Where the value may be sent.
     pub hosts: HostList,
@@ -37,7 +46,10 @@ pub fn from_env() -> Result<Vec<Secret>, String> {
     parse(&spec, |name| std::env::var(name).ok())
 }
 
-fn parse(spec: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Vec<Secret>, String> {
+pub(crate) fn parse(
+    spec: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<Secret>, String> {
     let tag: [u8; 8] = rand_bytes();
     let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
     spec.split(',')
@@ -61,10 +73,54 @@ fn parse(spec: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Vec<Secr
                 .ok_or_else(|| format!("{SECRETS}: {name} is not set in the server's environment"))?;
             Ok(Secret {
                 name: name.to_string(),
+                forms: forms(&value),
                 value: value.into_bytes(),
                 placeholder: format!("WASMBOX_SECRET_{name}_{tag}"),
                 hosts: HostList::from_patterns(hosts),
             })
+        })
+        .collect()
+}
+
+/// `value` raw and in each encoding the host's URL handling may give it.
+fn forms(value: &str) -> Vec<Vec<u8>> {
+    use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+    let mut out = vec![value.to_string()];
+    if let Ok(mut u) = url::Url::parse("http://h/") {
+        u.set_path(&format!("/{value}"));
+        out.push(u.path()[1..].to_string());
+        u.set_query(Some(value));
+        out.extend(u.query().map(str::to_string));
+        u.set_fragment(Some(value));
+        out.extend(u.fragment().map(str::to_string));
+        if u.set_username(value).is_ok() {
+            out.push(u.username().to_string());
+        }
+    }
+    out.push(url::form_urlencoded::byte_serialize(value.as_bytes()).collect());
+    let full = utf8_percent_encode(value, NON_ALPHANUMERIC).to_string();
+    out.push(lower_hex(&full));
+    out.push(full);
+    let mut out: Vec<Vec<u8>> = out.into_iter().map(String::into_bytes).collect();
+    out.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
+    out.dedup();
+    out
+}
+
+/// `s` with lower-case hex digits in its `%XX` escapes, as some servers write them.
+fn lower_hex(s: &str) -> String {
+    let mut left = 0;
+    s.chars()
+        .map(|c| {
+            if c == '%' {
+                left = 2;
+                c
+            } else if left > 0 {
+                left -= 1;
+                c.to_ascii_lowercase()
+            } else {
+                c
+            }
         })
         .collect()
 }
@@ -112,11 +168,51 @@ pub fn insert(secrets: &[Secret], host: &str, port: u16, bytes: &[u8]) -> Option
     cur
 }
 
-/// `bytes` with every secret's value replaced by its placeholder.
+/// `bytes` with every secret's value, in each of its forms, replaced by its placeholder.
 pub fn scrub(secrets: &[Secret], bytes: Vec<u8>) -> Vec<u8> {
     secrets.iter().fold(bytes, |b, s| {
-        replaced(&b, &s.value, s.placeholder.as_bytes()).unwrap_or(b)
+        s.forms.iter().fold(b, |b, form| {
+            replaced(&b, form, s.placeholder.as_bytes()).unwrap_or(b)
+        })
     })
+}
+
+/// The first secret whose value `url` carries, in any form up to three rounds of
+/// percent-decoding (and `+` as a space), to a host outside that secret's list.
+pub fn carried<'a>(secrets: &'a [Secret], url: &url::Url) -> Option<&'a Secret> {
+    let host = url
+        .host_str()?
+        .trim_matches(['[', ']'])
+        .to_ascii_lowercase();
+    let port = url.port_or_known_default().unwrap_or(0);
+    let outside: Vec<&Secret> = secrets
+        .iter()
+        .filter(|s| !s.hosts.matches(&host, port))
+        .collect();
+    if outside.is_empty() {
+        return None;
+    }
+    let mut texts = vec![url.as_str().as_bytes().to_vec()];
+    for _ in 0..3 {
+        let last = texts.last().expect("one text at least");
+        let next: Vec<u8> = percent_encoding::percent_decode(last).collect();
+        if &next == last {
+            break;
+        }
+        texts.push(next);
+    }
+    let spaced: Vec<Vec<u8>> = texts
+        .iter()
+        .map(|t| {
+            t.iter()
+                .map(|&b| if b == b'+' { b' ' } else { b })
+                .collect()
+        })
+        .collect();
+    texts.extend(spaced);
+    outside
+        .into_iter()
+        .find(|s| texts.iter().any(|t| replaced(t, &s.value, b"").is_some()))
 }
 
 #[cfg(test)]

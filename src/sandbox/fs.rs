@@ -541,7 +541,7 @@ fn quota_err(p: &GuestPath, o: Over) -> FsError {
         ("bytes", o.bytes, o.quota.max_bytes)
     };
     match o.folder {
-        Some(folder) => FsError::MountFull {
+        Some((folder, _)) => FsError::MountFull {
             path: p.guest.clone(),
             folder: folder.to_string(),
             what,

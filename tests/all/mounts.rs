@@ -461,3 +461,68 @@ fn serve_over_http_refuses_lent_folders() {
         "{err}"
     );
 }
+
+/// #54: a run stopped at a lent folder's room says so in its `notes` (which folder, how much
+/// room it had), one-shot or persistent, Python or JavaScript; and the room is back at once
+/// when the files are removed (a guest's removal or `file_remove`), for a guest and for the
+/// file tools. Before, `notes` was empty: only stderr named the folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_at_a_lent_folders_room_names_it_in_notes_and_removal_frees_it_at_once() {
+    let out = tempfile::tempdir().unwrap();
+    let c = server_with_env(&[
+        (
+            "WASMBOX_MOUNTS",
+            &format!("{}:/data/out:rw", out.path().display()),
+        ),
+        ("WASMBOX_MOUNT_DISK_MB", "1"),
+        ("WASMBOX_MOUNT_FILES", "20"),
+    ])
+    .await;
+    let sb = create_sandbox(&c, json!({})).await;
+    let fill = [
+        (
+            "python",
+            "f = open('/data/out/big.bin', 'wb')\nfor _ in range(30): f.write(b'z' * 100_000); f.flush()\nprint('wrote all')",
+        ),
+        (
+            "javascript",
+            "const fs = require('fs'); for (let i = 0; i < 30; i++) fs.appendFileSync('/data/out/big.bin', 'z'.repeat(100000)); console.log('wrote all')",
+        ),
+    ];
+    for (language, code) in fill {
+        for extra in [json!({}), json!({"sandbox_id": sb, "mode": "persistent"})] {
+            let r = run(&c, language, code, extra.clone()).await;
+            assert_eq!(r["limit"], "disk", "{language} {extra}: {r}");
+            let notes = r["notes"].to_string();
+            assert!(
+                notes.contains("lent folder /data/out") && notes.contains("1048576 bytes"),
+                "{language} {extra}: {r}"
+            );
+            // The room is back as soon as the file goes: the whole room at once.
+            let again = run(
+                &c,
+                "python",
+                "import os\nos.remove('/data/out/big.bin')\nopen('/data/out/room.bin', 'wb').write(b'r' * (1 << 20))\nos.remove('/data/out/room.bin')\nprint('room')",
+                json!({}),
+            )
+            .await;
+            assert_eq!(again["stdout"], "room\n", "{language} {extra}: {again}");
+        }
+    }
+    let r = run(&c, "python", fill[0].1, json!({})).await;
+    assert_eq!(r["limit"], "disk", "{r}");
+    ok(
+        &c,
+        "file_remove",
+        json!({"sandbox_id": sb, "path": "/data/out/big.bin"}),
+    )
+    .await;
+    let w = ok(
+        &c,
+        "file_write",
+        json!({"sandbox_id": sb, "path": "/data/out/tool.bin", "content": "t".repeat(1 << 20)}),
+    )
+    .await;
+    assert_eq!(w["size"], 1 << 20, "{w}");
+    c.cancel().await.unwrap();
+}

@@ -521,3 +521,88 @@ for site in ("{a}", "{b}"):
     assert!(is_error(&r), "{:?}", r.content);
     c.cancel().await.unwrap();
 }
+
+/// An open redirect and an echo, each request's target logged.
+async fn open_redirect() -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = seen.clone();
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri, headers: HeaderMap| {
+        let log = log.clone();
+        async move {
+            let auth = headers
+                .get("authorization")
+                .map(|v| v.to_str().unwrap_or("").to_string());
+            log.lock().unwrap().push(format!("{uri} {auth:?}"));
+            let to = uri.query().and_then(|q| {
+                url::form_urlencoded::parse(q.as_bytes())
+                    .find(|(k, _)| k == "to")
+                    .map(|(_, v)| v.into_owned())
+            });
+            match to {
+                Some(to) => (StatusCode::FOUND, [(header::LOCATION, to)]).into_response(),
+                None => format!("echo {uri}").into_response(),
+            }
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, seen)
+}
+
+/// #54: a secret's value does not ride an open redirect on its own host to another allowed
+/// host. The guest asks the secret's host for `/open?to=http://other/echo?leak=<placeholder>`;
+/// the host gets the value (its own) and sends it back in `Location`; the next hop goes out
+/// with the placeholder, the value put back only for the secret's hosts. Before, the other host
+/// received the value in its query string (and an echo of it in any percent-encoding reached
+/// the guest).
+#[tokio::test]
+async fn a_secret_does_not_ride_an_open_redirect_to_another_host() {
+    const VALUE: &str = "s3cr3t value/9f2c";
+    let (a, seen_a) = open_redirect().await;
+    let (b, seen_b) = open_redirect().await;
+    let c = server_with_env(&[
+        (
+            "WASMBOX_ALLOW_HOSTS",
+            &format!("127.0.0.1:{},127.0.0.1:{}", a.port(), b.port()),
+        ),
+        ("WASMBOX_ALLOW_PRIVATE_HOSTS", "1"),
+        ("WASMBOX_SECRETS", &format!("TOKEN@127.0.0.1:{}", a.port())),
+        ("TOKEN", VALUE),
+    ])
+    .await;
+    let code = format!(
+        r#"
+import os, urllib.parse, urllib.request
+t = os.environ["TOKEN"]
+for back in ("http://{a}/echo?mine=" + t, "http://{b}/echo?leak=" + t):
+    url = "http://{a}/open?to=" + urllib.parse.quote(back, safe="")
+    r = urllib.request.urlopen(urllib.request.Request(url, headers={{"Authorization": "Bearer " + t}}))
+    print(r.read().decode(), r.url)
+"#
+    );
+    let r = run(&c, "python", &code, json!({})).await;
+    let out = r["stdout"].as_str().unwrap();
+    assert_eq!(out.lines().count(), 2, "{r}");
+    assert!(
+        !r.to_string().contains("s3cr3t"),
+        "the guest saw the value: {r}"
+    );
+    let seen_a = seen_a.lock().unwrap().clone();
+    let seen_b = seen_b.lock().unwrap().clone();
+    let encoded = "s3cr3t%20value";
+    assert!(
+        seen_a.iter().filter(|s| s.contains(encoded)).count() >= 3,
+        "the secret's own host gets the value on each of its hops: {seen_a:?}"
+    );
+    assert_eq!(seen_b.len(), 1, "{seen_b:?}");
+    assert!(
+        !seen_b[0].contains("s3cr3t") && seen_b[0].contains("WASMBOX_SECRET_TOKEN_"),
+        "the other host gets the placeholder: {seen_b:?}"
+    );
+    assert!(
+        seen_b[0].ends_with("None"),
+        "no credentials cross: {seen_b:?}"
+    );
+    c.cancel().await.unwrap();
+}

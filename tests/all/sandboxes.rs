@@ -761,3 +761,47 @@ async fn sandbox_lifecycle_tools() {
     );
     c.cancel().await.unwrap();
 }
+
+/// #54: `get_sandbox` and `delete_sandbox` (and pause/resume, which share their arguments) take
+/// `sandbox_id` as every other sandbox tool does, beside HOPX's `id`, and their schemas show
+/// both; two ids that disagree, or none, are refused saying so. Before, `sandbox_id` alone was
+/// refused as a missing `id`.
+#[tokio::test]
+async fn sandbox_tools_taking_id_also_take_sandbox_id() {
+    let c = server().await;
+    let tools = c.list_all_tools().await.unwrap();
+    for name in [
+        "get_sandbox",
+        "delete_sandbox",
+        "pause_sandbox",
+        "resume_sandbox",
+    ] {
+        let t = tools.iter().find(|t| t.name == name).unwrap();
+        let props = &t.input_schema["properties"];
+        assert!(
+            props.get("id").is_some() && props.get("sandbox_id").is_some(),
+            "{name}: {:?}",
+            t.input_schema
+        );
+    }
+    let id = create_sandbox(&c, json!({})).await;
+    let got = ok(&c, "get_sandbox", json!({"sandbox_id": id})).await;
+    assert_eq!(got["id"], id.as_str(), "{got}");
+    let got = ok(&c, "get_sandbox", json!({"id": id, "sandbox_id": id})).await;
+    assert_eq!(got["id"], id.as_str(), "{got}");
+    for (args, says) in [
+        (
+            json!({"id": id, "sandbox_id": "other"}),
+            "name different sandboxes",
+        ),
+        (json!({}), "missing field `id`"),
+    ] {
+        let e = err(&c, "get_sandbox", args).await;
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    let gone = ok(&c, "delete_sandbox", json!({"sandbox_id": id})).await;
+    assert_eq!(gone["status"], "deleted", "{gone}");
+    let e = err(&c, "get_sandbox", json!({"sandbox_id": id})).await;
+    assert!(e.to_string().contains("not found"), "{e}");
+    c.cancel().await.unwrap();
+}

@@ -79,10 +79,51 @@ impl JsonSchema for NoArgs {
     }
 }
 
-#[derive(Deserialize, JsonSchema)]
+/// A sandbox named by HOPX's `id` or by `sandbox_id`, as every other sandbox tool takes it.
+#[derive(Deserialize)]
+#[serde(try_from = "EitherId")]
 pub struct IdArgs {
-    /// The sandbox id.
     pub id: String,
+}
+
+#[derive(Deserialize)]
+struct EitherId {
+    id: Option<String>,
+    sandbox_id: Option<String>,
+}
+
+impl TryFrom<EitherId> for IdArgs {
+    type Error = String;
+
+    fn try_from(a: EitherId) -> Result<Self, String> {
+        match (a.id, a.sandbox_id) {
+            (Some(id), Some(other)) if id != other => Err(format!(
+                "id {id:?} and sandbox_id {other:?} name different sandboxes: give one"
+            )),
+            (Some(id), _) | (None, Some(id)) => Ok(Self { id }),
+            (None, None) => {
+                Err("missing field `id` (the sandbox id; `sandbox_id` also does)".into())
+            }
+        }
+    }
+}
+
+impl JsonSchema for IdArgs {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "IdArgs".into()
+    }
+
+    /// Neither is `required`: one of the two is, which the parse checks, since a top-level
+    /// `anyOf` is refused by some model APIs' tool schemas.
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "description": "The sandbox id (or give sandbox_id)."},
+                "sandbox_id": {"type": "string", "description": "The sandbox id, as the other sandbox tools name it (an alias of id)."},
+            },
+        })
+    }
 }
 
 #[derive(Deserialize, JsonSchema)]

@@ -77,12 +77,45 @@ pub struct WasmboxServer {
 }
 
 /// The owner of an HTTP request (a token), put in its extensions by the transport's auth layer,
-/// with the token's limit on calls running at once.
+/// with the token's limit on calls running at once and its queue of calls waiting to run: an
+/// assistant that sends several calls at once gets them all answered in turn, and only a token
+/// past its queue too is refused. Fairness between tokens is the CPU scheduler's, not this.
 #[derive(Clone, Debug)]
 pub struct Owner {
     pub id: Arc<str>,
     pub calls: Arc<tokio::sync::Semaphore>,
     pub max_calls: usize,
+    pub waiting: Arc<tokio::sync::Semaphore>,
+    pub max_waiting: usize,
+}
+
+impl Owner {
+    /// `id` with room for `calls` running at once and `waiting` more in line.
+    pub fn new(id: &str, calls: usize, waiting: usize) -> Self {
+        Self {
+            id: id.into(),
+            calls: Arc::new(tokio::sync::Semaphore::new(calls)),
+            max_calls: calls,
+            waiting: Arc::new(tokio::sync::Semaphore::new(waiting)),
+            max_waiting: waiting,
+        }
+    }
+
+    /// A running place for one call: at once when one is free, else after waiting in the
+    /// token's queue (`None`: the queue is full).
+    async fn place(
+        &self,
+        cancelled: &tokio_util::sync::CancellationToken,
+    ) -> Option<Option<tokio::sync::OwnedSemaphorePermit>> {
+        if let Ok(p) = self.calls.clone().try_acquire_owned() {
+            return Some(Some(p));
+        }
+        let _in_line = self.waiting.clone().try_acquire_owned().ok()?;
+        tokio::select! {
+            p = self.calls.clone().acquire_owned() => Some(p.ok()),
+            () = cancelled.cancelled() => Some(None),
+        }
+    }
 }
 
 impl WasmboxServer {
@@ -346,15 +379,24 @@ impl ServerHandler for WasmboxServer {
             .into_result()
             .into());
         };
-        let Ok(_permit) = owner.calls.clone().try_acquire_owned() else {
+        let Some(place) = owner.place(&context.ct).await else {
             return Ok(ToolError::exception(
                 "Too many concurrent calls",
                 format!(
-                    "this token already has {} tool calls running (its limit; WASMBOX_TOKEN_CONCURRENCY raises it): wait for one to finish",
-                    owner.max_calls
+                    "this token already has {} tool calls running and {} waiting (its limits; WASMBOX_TOKEN_CONCURRENCY and WASMBOX_TOKEN_QUEUE raise them): wait for one to finish",
+                    owner.max_calls, owner.max_waiting
                 ),
             )
             .with("error_type", "RateLimitError")
+            .into_result()
+            .into());
+        };
+        let Some(_place) = place else {
+            return Ok(ToolError::exception(
+                "Cancelled",
+                "the call was cancelled while it waited for a running place",
+            )
+            .with("error_type", "CancelledError")
             .into_result()
             .into());
         };
