@@ -70,10 +70,26 @@ impl Index {
         Ok(Some(project))
     }
 
-    /// A file's bytes, bounded by [`MAX_WHEEL`]; the caller checks its hash.
-    pub async fn download(&self, url: &str) -> Result<Vec<u8>, PackageError> {
-        let r = self.get(url).await?;
-        self.body(r, MAX_WHEEL, url).await
+    /// A file written into `to` as it arrives, bounded by [`MAX_WHEEL`]; returns its SHA-256
+    /// (hex), which the caller checks.
+    pub async fn download(
+        &self,
+        url: &str,
+        to: &mut std::fs::File,
+    ) -> Result<String, PackageError> {
+        use sha2::Digest as _;
+        use std::io::Write as _;
+        let mut r = self.ok(self.get(url).await?, url)?;
+        let (mut n, mut h) = (0usize, sha2::Sha256::new());
+        while let Some(chunk) = self.chunk(&mut r, url).await? {
+            n += chunk.len();
+            if n > MAX_WHEEL {
+                return Err(too_large(url, MAX_WHEEL));
+            }
+            h.update(&chunk);
+            to.write_all(&chunk)?;
+        }
+        Ok(hex::encode(h.finalize()))
     }
 
     async fn get(&self, url: &str) -> Result<reqwest::Response, PackageError> {
@@ -84,31 +100,43 @@ impl Index {
             .map_err(|e| PackageError::Index(format!("{url}: {}", chain(&e))))
     }
 
-    async fn body(
-        &self,
-        mut r: reqwest::Response,
-        max: usize,
-        url: &str,
-    ) -> Result<Vec<u8>, PackageError> {
+    fn ok(&self, r: reqwest::Response, url: &str) -> Result<reqwest::Response, PackageError> {
         if !r.status().is_success() {
             return Err(PackageError::Index(format!("{url}: HTTP {}", r.status())));
         }
-        let mut out = Vec::new();
-        while let Some(chunk) = r
-            .chunk()
+        Ok(r)
+    }
+
+    async fn chunk(
+        &self,
+        r: &mut reqwest::Response,
+        url: &str,
+    ) -> Result<Option<bytes::Bytes>, PackageError> {
+        r.chunk()
             .await
-            .map_err(|e| PackageError::Index(format!("{url}: {}", chain(&e))))?
-        {
+            .map_err(|e| PackageError::Index(format!("{url}: {}", chain(&e))))
+    }
+
+    async fn body(
+        &self,
+        r: reqwest::Response,
+        max: usize,
+        url: &str,
+    ) -> Result<Vec<u8>, PackageError> {
+        let mut r = self.ok(r, url)?;
+        let mut out = Vec::new();
+        while let Some(chunk) = self.chunk(&mut r, url).await? {
             if out.len() + chunk.len() > max {
-                return Err(PackageError::Index(format!(
-                    "{url}: larger than {} MiB",
-                    max >> 20
-                )));
+                return Err(too_large(url, max));
             }
             out.extend_from_slice(&chunk);
         }
         Ok(out)
     }
+}
+
+fn too_large(url: &str, max: usize) -> PackageError {
+    PackageError::Index(format!("{url}: larger than {} MiB", max >> 20))
 }
 
 /// An error with its causes, which say what failed (DNS, TLS, a refused connection).

@@ -652,33 +652,32 @@ impl Packages {
         c: Chosen,
         compile: Compile<'_>,
     ) -> Result<(Installed, Vec<String>), PackageError> {
-        let bytes = match (&c.local, &c.remote) {
+        // Wheels reach the cache through a temporary file, hashed as they are written, and are
+        // unpacked from the very file that was hashed.
+        let (got, sha) = match (&c.local, &c.remote) {
             (Some(path), _) => {
-                let len = std::fs::metadata(path)?.len();
-                if len > index::MAX_WHEEL as u64 {
-                    return Err(PackageError::BadWheel {
-                        wheel: c.wheel,
-                        why: format!("larger than {} MiB", index::MAX_WHEEL >> 20),
-                    });
-                }
-                std::fs::read(path)?
+                let (path, wheels, wheel) = (path.clone(), self.wheels.clone(), c.wheel.clone());
+                blocking(move || copy_in(&path, &wheels, &wheel)).await?
             }
             (None, Some((sha, url))) => {
                 let kept = self.wheels.join(format!("{sha}.whl"));
-                match std::fs::read(&kept) {
-                    Ok(b) if hex::encode(Sha256::digest(&b)) == *sha => b,
-                    _ => {
-                        self.index
+                let want = sha.clone();
+                match blocking(move || Ok(open_kept(&kept, &want))).await? {
+                    Some(f) => (Got::Kept(f), sha.clone()),
+                    None => {
+                        let mut tmp = temp_in(&self.wheels)?;
+                        let got = self
+                            .index
                             .as_ref()
                             .expect("remote wheels come from the index")
-                            .download(url)
-                            .await?
+                            .download(url, tmp.as_file_mut())
+                            .await?;
+                        (Got::Fresh(tmp), got)
                     }
                 }
             }
             (None, None) => unreachable!("a chosen wheel is local or remote"),
         };
-        let sha = hex::encode(Sha256::digest(&bytes));
         if let Some((want, _)) = &c.remote
             && *want != sha
         {
@@ -689,9 +688,11 @@ impl Packages {
             });
         }
         let kept = self.wheels.join(format!("{sha}.whl"));
-        if !kept.exists() {
-            crate::sandbox::write_atomic(&kept, &bytes)?;
-        }
+        let file = blocking(move || match got {
+            Got::Kept(f) => Ok(f),
+            Got::Fresh(tmp) => keep(tmp, &kept),
+        })
+        .await?;
         let dist = c.name.replace('-', "_");
         let tree = format!("{dist}-{}-{}", c.version, &sha[..16]);
         let (meta, cached) = match self.tree_metadata(&tree) {
@@ -703,7 +704,7 @@ impl Packages {
                     _ => "wheelhouse",
                 };
                 let source = format!("{sha} {} {origin}", c.wheel);
-                let (staged, m) = blocking(move || stage(&store, &wheel, &bytes)).await?;
+                let (staged, m) = blocking(move || stage(&store, &wheel, file)).await?;
                 if let Err(e) = compile(staged.0.clone(), format!("{GUEST_ROOT}/{tree}")).await {
                     tracing::warn!("compiling {tree}: {e}; its modules compile at each import");
                 }
@@ -760,13 +761,72 @@ impl Drop for Staged {
 fn stage(
     store: &Path,
     wheel: &str,
-    bytes: &[u8],
+    mut file: std::fs::File,
 ) -> Result<(Staged, wheel::Metadata), PackageError> {
+    use std::io::Seek as _;
+    file.rewind()?;
     let staged = Staged(store.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple())));
     std::fs::create_dir(&staged.0)?;
     let dir = Dir::open_ambient_dir(&staged.0, cap_std::ambient_authority())?;
-    let meta = wheel::unpack(wheel, bytes, &dir)?;
+    let meta = wheel::unpack(wheel, std::io::BufReader::new(file), &dir)?;
     Ok((staged, meta))
+}
+
+/// A wheel about to be unpacked: already in the cache, or just written and not yet kept.
+enum Got {
+    Kept(std::fs::File),
+    Fresh(tempfile::NamedTempFile),
+}
+
+/// A new file in the wheel cache (removed unless [`keep`] renames it).
+fn temp_in(wheels: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    tempfile::Builder::new().prefix(".tmp-").tempfile_in(wheels)
+}
+
+/// The cached wheel `kept`, if its content still has the SHA-256 `want` (hex).
+fn open_kept(kept: &Path, want: &str) -> Option<std::fs::File> {
+    let mut f = std::fs::File::open(kept).ok()?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).ok()?;
+    (hex::encode(h.finalize()) == want).then_some(f)
+}
+
+/// A wheelhouse wheel copied into the cache, bounded by [`index::MAX_WHEEL`], with its SHA-256.
+fn copy_in(path: &Path, wheels: &Path, name: &str) -> Result<(Got, String), PackageError> {
+    let too_large = || PackageError::BadWheel {
+        wheel: name.to_string(),
+        why: format!("larger than {} MiB", index::MAX_WHEEL >> 20),
+    };
+    let mut src = std::fs::File::open(path)?;
+    if src.metadata()?.len() > index::MAX_WHEEL as u64 {
+        return Err(too_large());
+    }
+    let mut tmp = temp_in(wheels)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let max = index::MAX_WHEEL as u64;
+    wheel::copy_member(
+        &mut src,
+        u64::MAX,
+        max,
+        tmp.as_file_mut(),
+        Some(&mut h),
+        &mut buf,
+    )
+    .map_err(|e| match e {
+        wheel::Overrun::Io(e) => e.into(),
+        _ => too_large(),
+    })?;
+    Ok((Got::Fresh(tmp), hex::encode(h.finalize())))
+}
+
+/// Renames a checked download to its place in the cache, synced as the store's other writes
+/// are; the open file stays the one to unpack.
+fn keep(tmp: tempfile::NamedTempFile, kept: &Path) -> Result<std::fs::File, PackageError> {
+    tmp.as_file().sync_all()?;
+    let f = tmp.persist(kept).map_err(|e| e.error)?;
+    std::fs::File::open(kept.parent().unwrap_or(Path::new(".")))?.sync_all()?;
+    Ok(f)
 }
 
 /// Makes a staged tree's files read-only and renames it into place, so a tree is whole or

@@ -3,7 +3,7 @@
 //! capability-scoped directory, bounded in bytes and entries, whatever the archive claims.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 use std::path::Path;
 
 use base64::Engine as _;
@@ -86,17 +86,76 @@ fn bad(wheel: &str, why: impl std::fmt::Display) -> PackageError {
 }
 
 /// The `sha256=` form RECORD uses: URL-safe base64 without padding.
-fn record_hash(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(bytes))
+fn record_form(digest: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest)
 }
 
-/// Unpacks `bytes` (a wheel named `wheel`) into `dir` (empty, the caller's temporary tree):
-/// members under `*.data/purelib` or `*.data/platlib` go to the root as installers put them,
-/// other `.data` parts (scripts, headers) are left out. Every member must be listed in RECORD
-/// with its hash; a name that would climb out, an absolute one, or a link is refused (cap-std
-/// refuses them too). Returns the wheel's metadata.
-pub fn unpack(wheel: &str, bytes: &[u8], dir: &Dir) -> Result<Metadata, PackageError> {
-    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| bad(wheel, e))?;
+/// The buffer a member streams through: a member never decides how much the host holds.
+const CHUNK: usize = 256 << 10;
+
+/// RECORD and METADATA, the members read whole (to be parsed), are taken up to this size.
+const MAX_PARSED: u64 = 16 << 20;
+
+/// Why a member's copy stopped.
+#[derive(Debug)]
+pub enum Overrun {
+    /// More came out than the member's header declares.
+    Declared,
+    /// More came out than the limit given.
+    Cap,
+    Io(std::io::Error),
+}
+
+/// Copies one archive member into `out` through `buf`, hashing what passes when asked, and
+/// stops as soon as more than `declared` or more than `cap` bytes come out (one byte past the
+/// smaller is read to tell). Returns the bytes copied.
+pub fn copy_member(
+    src: &mut dyn Read,
+    declared: u64,
+    cap: u64,
+    out: &mut dyn Write,
+    mut hash: Option<&mut Sha256>,
+    buf: &mut [u8],
+) -> Result<u64, Overrun> {
+    let limit = declared.min(cap);
+    let mut n = 0u64;
+    loop {
+        let want = (limit - n.min(limit))
+            .saturating_add(1)
+            .min(buf.len() as u64) as usize;
+        let got = match src.read(&mut buf[..want]) {
+            Ok(0) => return Ok(n),
+            Ok(got) => got,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Overrun::Io(e)),
+        };
+        n += got as u64;
+        if n > declared {
+            return Err(Overrun::Declared);
+        }
+        if n > cap {
+            return Err(Overrun::Cap);
+        }
+        if let Some(h) = hash.as_deref_mut() {
+            h.update(&buf[..got]);
+        }
+        out.write_all(&buf[..got]).map_err(Overrun::Io)?;
+    }
+}
+
+fn mib(n: u64) -> String {
+    format!("{} MiB", n.div_ceil(1 << 20))
+}
+
+/// Unpacks the wheel `file` (named `wheel`) into `dir` (empty, the caller's temporary tree),
+/// member by member through one bounded buffer: members under `*.data/purelib` or
+/// `*.data/platlib` go to the root as installers put them, other `.data` parts (scripts,
+/// headers) are left out. Every member must be listed in RECORD with its hash, checked as it
+/// streams; a name that would climb out, an absolute one, or a link is refused (cap-std refuses
+/// them too); a member that declares more than the room left, or inflates past what it
+/// declares, is refused before it fills memory or disk. Returns the wheel's metadata.
+pub fn unpack<R: Read + Seek>(wheel: &str, file: R, dir: &Dir) -> Result<Metadata, PackageError> {
+    let mut zip = zip::ZipArchive::new(file).map_err(|e| bad(wheel, e))?;
     if zip.len() > MAX_MEMBERS {
         return Err(bad(
             wheel,
@@ -122,6 +181,7 @@ pub fn unpack(wheel: &str, bytes: &[u8], dir: &Dir) -> Result<Metadata, PackageE
         }
     }
     let data = dist_info.trim_end_matches(".dist-info").to_string() + ".data/";
+    let mut buf = vec![0u8; CHUNK];
     let mut total = 0u64;
     for i in 0..zip.len() {
         let mut member = zip.by_index(i).map_err(|e| bad(wheel, e))?;
@@ -151,63 +211,100 @@ pub fn unpack(wheel: &str, bytes: &[u8], dir: &Dir) -> Result<Metadata, PackageE
             return Err(bad(wheel, format!("RECORD gives {name} no sha256")));
         }
         let room = MAX_UNPACKED - total;
-        let mut content = Vec::new();
-        (&mut member)
-            .take(room + 1)
-            .read_to_end(&mut content)
-            .map_err(|e| bad(wheel, e))?;
-        total += content.len() as u64;
-        if total > MAX_UNPACKED {
+        let declared = member.size();
+        if declared > room {
             return Err(bad(
                 wheel,
-                format!("it unpacks to more than {} MiB", MAX_UNPACKED >> 20),
+                format!(
+                    "{name} declares {}: it unpacks to more than {}",
+                    mib(declared),
+                    mib(MAX_UNPACKED)
+                ),
             ));
         }
+        let target = match name.strip_prefix(&data) {
+            Some(rest) => rest
+                .strip_prefix("purelib/")
+                .or_else(|| rest.strip_prefix("platlib/"))
+                .filter(|inner| !inner.is_empty())
+                .map(str::to_string),
+            None => Some(name.clone()),
+        };
+        // Left-out members are still read through: their hashes are checked all the same.
+        let mut out: Box<dyn Write> = match &target {
+            Some(target) => {
+                let path = Path::new(target);
+                if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    dir.create_dir_all(parent).map_err(|e| bad(wheel, e))?;
+                }
+                Box::new(dir.create(path).map_err(|e| bad(wheel, e))?)
+            }
+            None => Box::new(std::io::sink()),
+        };
+        let mut h = Sha256::new();
+        let n = copy_member(
+            &mut member,
+            declared,
+            room,
+            &mut out,
+            Some(&mut h),
+            &mut buf,
+        )
+        .map_err(|e| stopped(wheel, &name, declared, MAX_UNPACKED, e))?;
+        total += n;
+        let got = record_form(&h.finalize());
         if let Some(want) = want
-            && record_hash(&content) != want
+            && got != want
         {
             return Err(PackageError::Hash {
                 what: format!("{wheel}: {name}"),
                 expected: want.to_string(),
-                got: record_hash(&content),
+                got,
             });
         }
-        let target = match name.strip_prefix(&data) {
-            Some(rest) => match rest
-                .strip_prefix("purelib/")
-                .or_else(|| rest.strip_prefix("platlib/"))
-            {
-                Some(inner) if !inner.is_empty() => inner.to_string(),
-                _ => continue,
-            },
-            None => name.clone(),
-        };
-        let path = Path::new(&target);
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            dir.create_dir_all(parent).map_err(|e| bad(wheel, e))?;
-        }
-        let mut f = dir.create(path).map_err(|e| bad(wheel, e))?;
-        f.write_all(&content).map_err(|e| bad(wheel, e))?;
     }
     let meta = read_member(&mut zip, &format!("{dist_info}/METADATA"), wheel)?;
     parse_metadata(&String::from_utf8_lossy(&meta))
         .ok_or_else(|| bad(wheel, "METADATA has no Name or Version"))
 }
 
-fn read_member(
-    zip: &mut zip::ZipArchive<std::io::Cursor<&[u8]>>,
+/// A member read whole to be parsed, refused past [`MAX_PARSED`].
+fn read_member<R: Read + Seek>(
+    zip: &mut zip::ZipArchive<R>,
     name: &str,
     wheel: &str,
 ) -> Result<Vec<u8>, PackageError> {
-    let member = zip
+    let mut member = zip
         .by_name(name)
         .map_err(|_| bad(wheel, format!("no {name}")))?;
+    let declared = member.size();
+    if declared > MAX_PARSED {
+        return Err(bad(
+            wheel,
+            format!(
+                "{name} declares {}, more than {}",
+                mib(declared),
+                mib(MAX_PARSED)
+            ),
+        ));
+    }
     let mut out = Vec::new();
-    member
-        .take(16 << 20)
-        .read_to_end(&mut out)
-        .map_err(|e| bad(wheel, e))?;
+    let mut buf = [0u8; 8 << 10];
+    copy_member(&mut member, declared, MAX_PARSED, &mut out, None, &mut buf)
+        .map_err(|e| stopped(wheel, name, declared, MAX_PARSED, e))?;
     Ok(out)
+}
+
+/// The refusal of member `name`, whose copy stopped at `e`.
+fn stopped(wheel: &str, name: &str, declared: u64, cap: u64, e: Overrun) -> PackageError {
+    bad(
+        wheel,
+        match e {
+            Overrun::Declared => format!("{name} inflates past its declared {declared} bytes"),
+            Overrun::Cap => format!("{name}: it unpacks to more than {}", mib(cap)),
+            Overrun::Io(e) => format!("{name}, declared as {declared} bytes: {e}"),
+        },
+    )
 }
 
 /// The headers of METADATA (an email-style header block) that resolution needs.
@@ -256,6 +353,8 @@ pub fn dist_infos(zip_path: &Path) -> std::io::Result<Vec<(String, String)>> {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Cursor;
+
     use super::*;
 
     #[test]
@@ -275,7 +374,8 @@ mod tests {
 
     fn zip_of(members: &[(&str, &[u8])]) -> Vec<u8> {
         let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
-        let opts = zip::write::SimpleFileOptions::default();
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated);
         for (n, b) in members {
             w.start_file(*n, opts).unwrap();
             w.write_all(b).unwrap();
@@ -286,7 +386,11 @@ mod tests {
     fn record(members: &[(&str, &[u8])]) -> String {
         let mut r = String::new();
         for (n, b) in members {
-            r += &format!("{n},sha256={},{}\n", record_hash(b), b.len());
+            r += &format!(
+                "{n},sha256={},{}\n",
+                record_form(&Sha256::digest(b)),
+                b.len()
+            );
         }
         r + "p-1.dist-info/RECORD,,\n"
     }
@@ -305,7 +409,7 @@ mod tests {
         all.push(("p-1.dist-info/RECORD", rec.as_bytes()));
         let t = tempfile::tempdir().unwrap();
         let dir = Dir::open_ambient_dir(t.path(), cap_std::ambient_authority()).unwrap();
-        let m = unpack("p-1-py3-none-any.whl", &zip_of(&all), &dir).unwrap();
+        let m = unpack("p-1-py3-none-any.whl", Cursor::new(zip_of(&all)), &dir).unwrap();
         assert_eq!(
             (m.name.as_str(), m.requires.as_slice()),
             ("p", &["q>=2".to_string()][..])
@@ -320,14 +424,110 @@ mod tests {
         tampered[0] = ("p/__init__.py", b"X = 2\n");
         let t2 = tempfile::tempdir().unwrap();
         let dir2 = Dir::open_ambient_dir(t2.path(), cap_std::ambient_authority()).unwrap();
-        let e = unpack("p-1-py3-none-any.whl", &zip_of(&tampered), &dir2).unwrap_err();
+        let e = unpack(
+            "p-1-py3-none-any.whl",
+            Cursor::new(zip_of(&tampered)),
+            &dir2,
+        )
+        .unwrap_err();
         assert!(matches!(e, PackageError::Hash { .. }), "{e}");
 
         // A member that climbs out is refused before anything is written for it.
         let mut out = all.clone();
         out.push(("../evil.py", b""));
-        let e = unpack("p-1-py3-none-any.whl", &zip_of(&out), &dir2).unwrap_err();
+        let e = unpack("p-1-py3-none-any.whl", Cursor::new(zip_of(&out)), &dir2).unwrap_err();
         assert!(e.to_string().contains("outside"), "{e}");
         assert!(!t2.path().parent().unwrap().join("evil.py").exists());
+    }
+
+    /// A reader that yields `n` zeros, a few at a time.
+    struct Zeros(u64);
+
+    impl Read for Zeros {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let k = buf.len().min(1000).min(self.0 as usize);
+            buf[..k].fill(0);
+            self.0 -= k as u64;
+            Ok(k)
+        }
+    }
+
+    #[test]
+    fn a_member_stops_at_its_declared_size_or_the_cap() {
+        let mut buf = [0u8; 4096];
+        let mut out = Vec::new();
+        let mut h = Sha256::new();
+        let n = copy_member(
+            &mut Zeros(5000),
+            5000,
+            10_000,
+            &mut out,
+            Some(&mut h),
+            &mut buf,
+        );
+        assert_eq!(n.unwrap(), 5000);
+        assert_eq!(h.finalize(), Sha256::digest([0u8; 5000]));
+
+        // Declares less than it holds: stopped one byte past what it declares.
+        let mut out = Vec::new();
+        let e = copy_member(&mut Zeros(1 << 30), 5000, 1 << 20, &mut out, None, &mut buf);
+        assert!(matches!(e, Err(Overrun::Declared)), "{e:?}");
+        assert_eq!(out.len(), 5000);
+
+        // Within what it declares, past the cap: stopped at the cap.
+        let mut out = Vec::new();
+        let e = copy_member(&mut Zeros(1 << 30), 1 << 30, 3000, &mut out, None, &mut buf);
+        assert!(matches!(e, Err(Overrun::Cap)), "{e:?}");
+        assert_eq!(out.len(), 3000);
+    }
+
+    /// Sets the uncompressed size `member` declares, in its local header and the central
+    /// directory both (as a crafted archive would).
+    fn declare(zip: &mut [u8], member: &str, size: u32) {
+        for (sig, at_size, at_name) in [(b"PK\x03\x04", 22, 30), (b"PK\x01\x02", 24, 46)] {
+            let mut hits = 0;
+            for i in 0..zip.len() - at_name - member.len() {
+                if &zip[i..i + 4] == sig && zip[i + at_name..].starts_with(member.as_bytes()) {
+                    zip[i + at_size..i + at_size + 4].copy_from_slice(&size.to_le_bytes());
+                    hits += 1;
+                }
+            }
+            assert_eq!(hits, 1, "{member}");
+        }
+    }
+
+    #[test]
+    fn members_larger_than_declared_or_than_the_room_are_refused() {
+        let big = vec![0u8; 1 << 20];
+        let files: [(&str, &[u8]); 2] = [
+            ("p/big.bin", &big),
+            ("p-1.dist-info/METADATA", b"Name: p\nVersion: 1\n"),
+        ];
+        let rec = record(&files);
+        let mut all = files.to_vec();
+        all.push(("p-1.dist-info/RECORD", rec.as_bytes()));
+        let mut lying = zip_of(&all);
+        declare(&mut lying, "p/big.bin", 1000);
+        let t = tempfile::tempdir().unwrap();
+        let dir = Dir::open_ambient_dir(t.path(), cap_std::ambient_authority()).unwrap();
+        let e = unpack("p-1-py3-none-any.whl", Cursor::new(lying), &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("p/big.bin") && e.contains("declared"), "{e}");
+        let written = std::fs::metadata(t.path().join("p/big.bin")).map_or(0, |m| m.len());
+        assert!(written <= 1000, "{written} bytes written");
+
+        let mut huge = zip_of(&all);
+        declare(&mut huge, "p/big.bin", 600 << 20);
+        let t = tempfile::tempdir().unwrap();
+        let dir = Dir::open_ambient_dir(t.path(), cap_std::ambient_authority()).unwrap();
+        let e = unpack("p-1-py3-none-any.whl", Cursor::new(huge), &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("p/big.bin declares 600 MiB") && e.contains("more than 512 MiB"),
+            "{e}"
+        );
+        assert!(!t.path().join("p/big.bin").exists());
     }
 }

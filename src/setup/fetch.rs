@@ -67,6 +67,26 @@ pub(super) fn swap_in(tmp: &Path, dest: &Path) -> Result<()> {
     fs::rename(tmp, dest).with_context(|| format!("moving into {}", dest.display()))
 }
 
+/// The buffer every archive member streams through.
+const CHUNK: usize = 256 << 10;
+
+/// Streams one zip member into `out` (hashing it into `h` when given), refused if it inflates
+/// past the size its header declares.
+fn copy<R: Read>(
+    m: &mut zip::read::ZipFile<'_, R>,
+    name: &str,
+    out: &mut dyn Write,
+    h: Option<&mut Sha256>,
+    buf: &mut [u8],
+) -> Result<u64> {
+    use crate::packages::wheel::{Overrun, copy_member};
+    let declared = m.size();
+    copy_member(m, declared, u64::MAX, out, h, buf).map_err(|e| match e {
+        Overrun::Io(e) => anyhow!("unpacking {name}, declared as {declared} bytes: {e}"),
+        _ => anyhow!("refusing {name}: it inflates past its declared {declared} bytes"),
+    })
+}
+
 /// Unpacks a (hash-checked) zip into `dest` whole: executable bits kept, entries that would
 /// leave it refused, swapped in only when complete.
 pub(super) fn unpack_zip<R: Read + std::io::Seek>(
@@ -76,6 +96,7 @@ pub(super) fn unpack_zip<R: Read + std::io::Seek>(
     let tmp = part(dest);
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp)?;
+    let mut buf = vec![0u8; CHUNK];
     let done = (|| {
         for i in 0..zip.len() {
             let mut e = zip.by_index(i)?;
@@ -93,7 +114,7 @@ pub(super) fn unpack_zip<R: Read + std::io::Seek>(
                 fs::create_dir_all(p)?;
             }
             let mut out = File::create(&target)?;
-            std::io::copy(&mut e, &mut out)?;
+            copy(&mut e, &name, &mut out, None, &mut buf)?;
             if e.unix_mode().is_some_and(|m| m & 0o111 != 0) {
                 use std::os::unix::fs::PermissionsExt;
                 fs::set_permissions(&target, fs::Permissions::from_mode(0o755))?;
@@ -265,7 +286,8 @@ fn unpack_wheel(
     wheel: &Path,
 ) -> Result<()> {
     let lic = format!("{name}/LICENSES");
-    let mut zip = zip::ZipArchive::new(File::open(wheel)?)?;
+    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(File::open(wheel)?))?;
+    let mut buf = vec![0u8; CHUNK];
     // Every member out and checked first: a bad one leaves nothing installed.
     let mut staged = Vec::new();
     for (i, f) in e.files.iter().enumerate() {
@@ -274,23 +296,33 @@ fn unpack_wheel(
             .by_name(&f.member)
             .with_context(|| format!("{} is not in the wheel", f.member))?;
         let mut out = File::create(&part)?;
-        let mut h = HashingWriter(&mut out, Sha256::new());
-        std::io::copy(&mut src, &mut h)?;
-        check_sha(&hex::encode(h.1.finalize()), &f.sha256, &f.dest)?;
+        let mut h = Sha256::new();
+        copy(&mut src, &f.member, &mut out, Some(&mut h), &mut buf)?;
+        check_sha(&hex::encode(h.finalize()), &f.sha256, &f.dest)?;
         staged.push(part);
     }
     let mut inner_staged = Vec::new();
     for (f, part) in e.files.iter().zip(&staged) {
         if let Some(i) = &f.unpack_inner {
-            let mut outer = zip::ZipArchive::new(File::open(part)?)?;
-            let mut bytes = Vec::new();
-            outer
+            // The inner archive goes to a file of its own, read from there as the outer is.
+            let inner = tmp.path().join(format!("inner-{}.zip", inner_staged.len()));
+            let mut outer = zip::ZipArchive::new(std::io::BufReader::new(File::open(part)?))?;
+            let mut m = outer
                 .by_name(&i.member)
-                .with_context(|| format!("{} is not in {}", i.member, f.dest))?
-                .read_to_end(&mut bytes)?;
-            let mut data = zip::ZipArchive::new(std::io::Cursor::new(bytes))?;
+                .with_context(|| format!("{} is not in {}", i.member, f.dest))?;
+            copy(
+                &mut m,
+                &i.member,
+                &mut File::create(&inner)?,
+                None,
+                &mut buf,
+            )?;
+            drop(m);
+            let mut data = zip::ZipArchive::new(std::io::BufReader::new(File::open(&inner)?))?;
             let at = tmp.path().join(format!("inner-{}", inner_staged.len()));
             unpack_zip(&mut data, &at)?;
+            drop(data);
+            fs::remove_file(&inner)?;
             inner_staged.push((at, i.dest.clone(), f.sha256.clone()));
         }
     }
@@ -307,7 +339,7 @@ fn unpack_wheel(
                 continue;
             }
             let mut out = File::create(lic_tmp.join(inside(rest)?))?;
-            std::io::copy(&mut m, &mut out)?;
+            copy(&mut m, &n, &mut out, None, &mut buf)?;
         }
     }
     // The first file (the module a runtime is loaded from) goes in last: a server loading
@@ -330,19 +362,6 @@ fn unpack_wheel(
         log(format_args!("{name}: {} ok", f.dest));
     }
     Ok(())
-}
-
-struct HashingWriter<'a, W: Write>(&'a mut W, Sha256);
-
-impl<W: Write> Write for HashingWriter<'_, W> {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        let n = self.0.write(b)?;
-        self.1.update(&b[..n]);
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
-    }
 }
 
 #[cfg(test)]

@@ -671,3 +671,192 @@ async fn real_pypi_install() {
     .await;
     assert_eq!(v["stdout"], "hello-world\n", "{v}");
 }
+
+/// A zip of `(name, raw deflate data, CRC-32, declared uncompressed size)` members, written
+/// by hand so a member may declare any size whatever it inflates to.
+fn zip_of_raw(members: &[(String, Vec<u8>, u32, u32)]) -> Vec<u8> {
+    let (mut out, mut central) = (Vec::new(), Vec::new());
+    for (name, data, crc, size) in members {
+        let offset = out.len() as u32;
+        let common = |v: &mut Vec<u8>| {
+            v.extend_from_slice(&20u16.to_le_bytes()); // version needed
+            v.extend_from_slice(&0u16.to_le_bytes()); // flags
+            v.extend_from_slice(&8u16.to_le_bytes()); // deflated
+            v.extend_from_slice(&0u16.to_le_bytes()); // time
+            v.extend_from_slice(&0x21u16.to_le_bytes()); // date: 1980-01-01
+            v.extend_from_slice(&crc.to_le_bytes());
+            v.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            v.extend_from_slice(&size.to_le_bytes());
+            v.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            v.extend_from_slice(&0u16.to_le_bytes()); // extra
+        };
+        out.extend_from_slice(b"PK\x03\x04");
+        common(&mut out);
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(data);
+        central.extend_from_slice(b"PK\x01\x02");
+        central.extend_from_slice(&(3u16 << 8 | 20).to_le_bytes()); // made by: unix
+        common(&mut central);
+        central.extend_from_slice(&[0; 6]); // comment, disk, internal attributes
+        central.extend_from_slice(&(0o100644u32 << 16).to_le_bytes());
+        central.extend_from_slice(&offset.to_le_bytes());
+        central.extend_from_slice(name.as_bytes());
+    }
+    let at = out.len() as u32;
+    out.extend_from_slice(&central);
+    out.extend_from_slice(b"PK\x05\x06\0\0\0\0");
+    let n = (members.len() as u16).to_le_bytes();
+    out.extend_from_slice(&[n[0], n[1], n[0], n[1]]);
+    out.extend_from_slice(&(central.len() as u32).to_le_bytes());
+    out.extend_from_slice(&at.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out
+}
+
+/// Raw deflate data of `bytes`, as a complete stream.
+fn deflated(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+/// The raw deflate data (about 2 MiB) and CRC-32 of 2 GiB of zeros: a 1 MiB segment compressed
+/// once with a full flush (byte-aligned, no reference before it) and repeated, then a final
+/// empty stored block.
+fn two_gib_of_zeros() -> (Vec<u8>, u32, u64) {
+    const SEGMENT: usize = 1 << 20;
+    const COUNT: usize = 2048;
+    let zeros = vec![0u8; SEGMENT];
+    let mut c = flate2::Compress::new(flate2::Compression::best(), false);
+    let mut segment = Vec::with_capacity(64 << 10);
+    c.compress_vec(&zeros, &mut segment, flate2::FlushCompress::Full)
+        .unwrap();
+    assert_eq!(c.total_in(), SEGMENT as u64);
+    let mut data = Vec::with_capacity(segment.len() * COUNT + 5);
+    let (mut crc, mut one) = (flate2::Crc::new(), flate2::Crc::new());
+    one.update(&zeros);
+    for _ in 0..COUNT {
+        data.extend_from_slice(&segment);
+        crc.combine(&one);
+    }
+    data.extend_from_slice(&[0x01, 0x00, 0x00, 0xff, 0xff]);
+    (data, crc.sum(), (SEGMENT * COUNT) as u64)
+}
+
+/// A pure wheel of `name` 1.0 whose `{name}/zeros.bin` inflates to 2 GiB of zeros and declares
+/// `declared` bytes.
+fn bomb_wheel(dir: &Path, name: &str, declared: Option<u32>) -> PathBuf {
+    let (zeros, zeros_crc, zeros_len) = two_gib_of_zeros();
+    let info = format!("{name}-1.0.dist-info");
+    let small = [
+        (format!("{name}/__init__.py"), "X = 1\n".to_string()),
+        (
+            format!("{info}/METADATA"),
+            format!("Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"),
+        ),
+    ];
+    let mut record = String::new();
+    for (path, content) in &small {
+        let digest = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(Sha256::digest(content.as_bytes()));
+        record.push_str(&format!("{path},sha256={digest},{}\n", content.len()));
+    }
+    // A well-formed hash that is not the member's: the size is refused before any hash is.
+    let other = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(b"x"));
+    record.push_str(&format!("{name}/zeros.bin,sha256={other},{zeros_len}\n"));
+    record.push_str(&format!("{info}/RECORD,,\n"));
+    let mut members: Vec<(String, Vec<u8>, u32, u32)> = Vec::new();
+    for (path, content) in small.iter().chain([&(format!("{info}/RECORD"), record)]) {
+        let mut crc = flate2::Crc::new();
+        crc.update(content.as_bytes());
+        members.push((
+            path.clone(),
+            deflated(content.as_bytes()),
+            crc.sum(),
+            content.len() as u32,
+        ));
+    }
+    members.insert(
+        1,
+        (
+            format!("{name}/zeros.bin"),
+            zeros,
+            zeros_crc,
+            declared.unwrap_or(zeros_len as u32),
+        ),
+    );
+    let path = dir.join(format!("{name}-1.0-{ANY}.whl"));
+    std::fs::write(&path, zip_of_raw(&members)).unwrap();
+    path
+}
+
+/// The peak resident memory of `pid` so far (`VmHWM`), in KiB; `None` off Linux.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// A wheel whose member inflates to 2 GiB of zeros from 2 MiB is refused, whether it declares
+/// its size or lies about it, and refusing it costs the server no more than 64 MiB of peak
+/// memory: members stream through a bounded buffer, counted as they inflate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zip_bomb_wheel_is_refused_in_bounded_memory() {
+    let files = tempfile::tempdir().unwrap();
+    let good = wheel(files.path(), "warmpkg", "1.0", ANY, &[], "X = 'warm'\n");
+    let bomb = bomb_wheel(files.path(), "bombpkg", None);
+    // Declares 1 MiB, inflates to 2 GiB.
+    let liar = bomb_wheel(files.path(), "liarpkg", Some(1 << 20));
+    assert!(std::fs::metadata(&bomb).unwrap().len() < 8 << 20);
+    // The archive is sound: its member reads as zeros and declares 2 GiB.
+    let mut z = zip::ZipArchive::new(std::fs::File::open(&bomb).unwrap()).unwrap();
+    let mut m = z.by_name("bombpkg/zeros.bin").unwrap();
+    assert_eq!(m.size(), 2 << 30);
+    let mut head = vec![1u8; 1 << 20];
+    std::io::Read::read_exact(&mut m, &mut head).unwrap();
+    assert!(head.iter().all(|b| *b == 0));
+    drop(m);
+    let index = FakeIndex::start().await;
+    for w in [&good, &bomb, &liar] {
+        index.add(w, false);
+    }
+    let (c, pid) = server_with_pid(&[("WASMBOX_PACKAGE_INDEX", index.url.as_str())]).await;
+    let id = create_sandbox(&c, json!({})).await;
+    // Warm: an install (download, unpack, compile in a guest) and an import, so the peak
+    // measured from here is what refusing the bombs adds.
+    let v = install(&c, &id, &["warmpkg"]).await;
+    assert_eq!(installed(&v), set(&[("warmpkg", "1.0")]), "{v}");
+    let v = run_py(&c, &id, "import warmpkg\nprint(warmpkg.X)").await;
+    assert_eq!(v["stdout"], "warm\n", "{v}");
+    let before = peak_rss_kib(pid);
+    let bomb_refused = refused(&c, &id, &["bombpkg"]).await;
+    let liar_refused = refused(&c, &id, &["liarpkg"]).await;
+    let after = peak_rss_kib(pid);
+    if let (Some(before), Some(after)) = (before, after) {
+        eprintln!("server peak RSS: {before} KiB before the bombs, {after} KiB after");
+        assert!(
+            after - before <= 64 << 10,
+            "refusing the bombs raised the server's peak RSS by {} MiB ({before} -> {after} KiB)",
+            (after - before) >> 10
+        );
+    }
+    assert!(
+        bomb_refused.contains("bombpkg/zeros.bin declares 2048 MiB")
+            && bomb_refused.contains("more than 512 MiB"),
+        "{bomb_refused}"
+    );
+    // Refused one byte past what it declares (by our count or the zip reader's own).
+    assert!(
+        liar_refused.contains("liarpkg/zeros.bin")
+            && (liar_refused.contains("inflates past its declared 1048576 bytes")
+                || liar_refused.contains("1048576 bytes: File is larger than its declared")),
+        "{liar_refused}"
+    );
+    no_module(&run_py(&c, &id, "import bombpkg").await, "bombpkg");
+    no_module(&run_py(&c, &id, "import liarpkg").await, "liarpkg");
+}
