@@ -370,3 +370,96 @@ async fn on_protocol_2026_07_28_consent_comes_back_with_the_retried_call() {
     }
     assert_eq!(*notes.lock().unwrap(), ["x"]);
 }
+
+/// The official Python MCP SDK, pinned: it wraps a tool's primitive or list return as
+/// `{"result": x}`, which rmcp's `Json<T>` never does, so only its own server shows the wrapper.
+const PYTHON_SDK: &str = "mcp==2.3.0";
+
+/// A Python with [`PYTHON_SDK`]: a venv under the target dir, made once with the machine's
+/// `python3` and pip from PyPI (the dev machines and CI have both).
+fn python_with_sdk() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-mcp-sdk");
+    let python = dir.join("bin/python");
+    let stamp = dir.join(PYTHON_SDK);
+    if stamp.exists() {
+        return python;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |cmd: &mut std::process::Command| {
+        let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(std::process::Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&dir));
+    run(std::process::Command::new(&python).args(["-m", "pip", "install", "-q", PYTHON_SDK]));
+    std::fs::write(&stamp, "").unwrap();
+    python
+}
+
+/// A server as people write them with the SDK: each tool returns what its annotation says.
+const CALC_SERVER: &str = r#"
+from pydantic import BaseModel
+from mcp.server.mcpserver import MCPServer
+
+mcp = MCPServer("calc")
+
+class Scored(BaseModel):
+    result: int
+    note: str
+
+@mcp.tool()
+def add(a: int, b: int) -> int:
+    return a + b
+
+@mcp.tool()
+def greet(name: str) -> str:
+    return "hi " + name
+
+@mcp.tool()
+def squares(n: int) -> list[int]:
+    return [i * i for i in range(n)]
+
+@mcp.tool()
+def scored() -> Scored:
+    return Scored(result=1, note="x")
+
+mcp.run()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_sdk_servers_wrapped_results_come_back_as_the_value() {
+    let python = python_with_sdk();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("calc.py");
+    std::fs::write(&script, CALC_SERVER).unwrap();
+    let cfg = json!({"mcpServers": {"calc": {"command": python, "args": [script],
+        "allow": "*", "confirm": false}}});
+    let path = dir.path().join("mcp.json");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let (c, _) = connect(&env_for(&path), true, ProtocolVersion::V_2025_11_25).await;
+
+    // The wrapped int, str and list are the values; a model whose field is named `result`
+    // comes back whole. What code is told they return says the same.
+    let out = run(&c, "python", "import inspect\nfrom wasmbox import tools\nc = tools.calc\nprint(repr(c.add(a=2, b=3)), c.add(a=2, b=3) + 1 == 6)\nprint(repr(c.greet(name='ann')))\nprint(repr(c.squares(n=4)))\nprint(c.scored() == {'result': 1, 'note': 'x'})\nfor f in (c.add, c.greet, c.squares, c.scored):\n    print(inspect.signature(f))", 60).await;
+    assert_eq!(
+        out["stdout"],
+        "5 True\n'hi ann'\n[0, 1, 4, 9]\nTrue\n(a: int, b: int) -> int\n(name: str) -> str\n(n: int) -> list[int]\n() -> dict\n",
+        "{out}"
+    );
+    let out = run(
+        &c,
+        "javascript",
+        "const c = tools.calc;\nconst sum = await c.add({a: 2, b: 3});\nconsole.log(JSON.stringify([sum, sum + 1 === 6, await c.greet({name: 'ann'}), await c.squares({n: 4}), await c.scored()]));",
+        60,
+    )
+    .await;
+    assert_eq!(
+        out["stdout"], "[5,true,\"hi ann\",[0,1,4,9],{\"note\":\"x\",\"result\":1}]\n",
+        "{out}"
+    );
+}

@@ -24,7 +24,8 @@ class _Server:
 
 class _Tools:
     """The tools code may call: tools.<server>.<tool>(**args) returns the tool's structured
-    result (or its text); search(text) and describe(name) help find them."""
+    result (the value itself where the server wraps it as {"result": value}, as the Python MCP
+    SDK does), or its text; search(text) and describe(name) help find them."""
     def __init__(self, module):
         self._servers = {}
         self._all = []

@@ -202,7 +202,7 @@ pub struct CodeToolInfo {
     pub asks_consent: bool,
 }
 
-const CODE_USAGE: &str = "Python: from wasmbox import tools; tools.SERVER.TOOL(arg=value) returns the tool's structured result (or text) and raises wasmbox.ToolError on failure; tools.search('text') and tools.describe('SERVER.TOOL') help. JavaScript: await tools.SERVER.TOOL({arg: value}) (ToolError with .kind). Filter and join results in code and print only what matters.";
+const CODE_USAGE: &str = "Python: from wasmbox import tools; tools.SERVER.TOOL(arg=value) returns the tool's structured result (x itself where that is the Python MCP SDK's {\"result\": x} wrapper) or its text, and raises wasmbox.ToolError on failure; tools.search('text') and tools.describe('SERVER.TOOL') help. JavaScript: await tools.SERVER.TOOL({arg: value}) (ToolError with .kind). Filter and join results in code and print only what matters.";
 
 #[tool_router(router = server_router, vis = "pub(super)")]
 impl WasmboxServer {

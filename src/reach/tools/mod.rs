@@ -70,10 +70,14 @@ pub struct CodeTool {
     pub description: String,
     #[serde(rename = "inputSchema")]
     pub input_schema: Arc<JsonObject>,
+    /// The schema of what code gets back: for the Python SDK's wrapper, the wrapped value's.
     #[serde(rename = "outputSchema", skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<Arc<JsonObject>>,
     /// Whether a call needs the person's consent first.
     pub confirm: bool,
+    /// Code gets `structuredContent.result` rather than the wrapper around it.
+    #[serde(skip)]
+    pub unwrap: bool,
 }
 
 /// A server's state as `list_code_tools` reports it.
@@ -113,13 +117,33 @@ struct Server {
 struct Slot {
     link: Option<Arc<Link>>,
     /// Its tools as last listed.
-    tools: Option<Arc<Vec<Tool>>>,
+    tools: Option<Arc<Vec<Listed>>>,
     /// The last failure to connect, and when: a server that failed is not started again for
     /// a few seconds, so a broken entry does not cost every call a process.
     failed: Option<(String, Instant)>,
     /// A connection being made, in a task of its own: a guest that stops waiting (its
     /// deadline) does not abort it, so a slow first start (`npx -y`) finishes for the next.
     connecting: Option<(Connecting, Instant)>,
+}
+
+/// A tool as its server listed it, with what code gets back from it decided once.
+struct Listed {
+    tool: Tool,
+    /// Its output schema is the Python SDK's `{"result": x}` wrapper: code gets `x`.
+    unwrap: bool,
+    /// Its output schema as code is told it (the wrapped value's for a wrapper).
+    output_schema: Option<Arc<JsonObject>>,
+}
+
+impl Listed {
+    fn new(tool: Tool) -> Self {
+        let wrapped = tool.output_schema.as_deref().and_then(wrapped_schema);
+        Self {
+            unwrap: wrapped.is_some(),
+            output_schema: wrapped.map(Arc::new).or_else(|| tool.output_schema.clone()),
+            tool,
+        }
+    }
 }
 
 type Connecting = futures::future::Shared<
@@ -216,7 +240,8 @@ impl CodeTools {
         let mut taken = HashMap::new();
         let mut out = Vec::new();
         let mut hidden = 0;
-        for t in tools.iter() {
+        for listed in tools.iter() {
+            let t = &listed.tool;
             let read_only = annotated(t, |a| a.read_only_hint);
             if !spec.allow.admits(&t.name, read_only) {
                 hidden += 1;
@@ -233,8 +258,9 @@ impl CodeTools {
                 name,
                 description: t.description.as_deref().unwrap_or_default().to_string(),
                 input_schema: t.input_schema.clone(),
-                output_schema: t.output_schema.clone(),
+                output_schema: listed.output_schema.clone(),
                 confirm: destructive && spec.confirm,
+                unwrap: listed.unwrap,
             });
         }
         Ok((out, hidden))
@@ -307,7 +333,7 @@ impl CodeTools {
         match self.send(server, &tool.tool, args).await {
             Outcome::Failed(f) => Err(f),
             Outcome::Done(r) => {
-                let value = value_of(&r);
+                let value = value_of(&r, tool.unwrap);
                 if r.is_error == Some(true) {
                     let text = match &value {
                         Value::String(s) => s.clone(),
@@ -456,7 +482,7 @@ impl CodeTools {
         made.map_err(|e| format!("MCP server {} could not be reached: {e}", server.spec.name))
     }
 
-    async fn tools_of(&self, server: &Server) -> Result<Arc<Vec<Tool>>, String> {
+    async fn tools_of(&self, server: &Server) -> Result<Arc<Vec<Listed>>, String> {
         {
             let slot = server.slot.lock().await;
             if let (Some(t), Some(l)) = (&slot.tools, &slot.link)
@@ -472,7 +498,7 @@ impl CodeTools {
                 server.spec.name
             )
         })?;
-        let tools = Arc::new(tools);
+        let tools = Arc::new(tools.into_iter().map(Listed::new).collect::<Vec<_>>());
         server.slot.lock().await.tools = Some(tools.clone());
         Ok(tools)
     }
@@ -501,11 +527,44 @@ fn unique(want: &str, taken: &mut HashMap<String, ()>) -> String {
     name
 }
 
-/// A result as the guest's value: the structured content when the tool gave it, else its
-/// text (one block: a string, or the object or array it holds when it is JSON, as many servers
-/// send their data; several: a list, other kinds as their JSON).
-fn value_of(r: &CallToolResult) -> Value {
+/// When `schema` is the official Python SDK's wrapper, the schema of the value it wraps.
+///
+/// That SDK answers a tool that returns a primitive or a list (`-> int`, `-> list[str]`) with
+/// `{"result": x}` as its structured content, described by an object schema whose one property
+/// `result` is required; code that calls `add(a=2, b=3)` means to get `5`. A real model with a
+/// `result` field and any other field is not a wrapper, nor is one whose `result` is optional.
+fn wrapped_schema(schema: &JsonObject) -> Option<JsonObject> {
+    let properties = schema.get("properties")?.as_object()?;
+    let inner = properties.get("result")?;
+    if schema.get("type")? != "object"
+        || properties.len() != 1
+        || schema.get("required")? != &json!(["result"])
+    {
+        return None;
+    }
+    let mut inner = match inner {
+        Value::Object(o) => o.clone(),
+        // A boolean schema (`true`: anything) says nothing a guest can use.
+        _ => JsonObject::new(),
+    };
+    // The wrapped schema's references point into the wrapper's definitions.
+    for defs in ["$defs", "definitions"] {
+        if let Some(d) = schema.get(defs) {
+            inner.entry(defs).or_insert_with(|| d.clone());
+        }
+    }
+    Some(inner)
+}
+
+/// A result as the guest's value: the structured content when the tool gave it (what the
+/// Python SDK's wrapper wraps when `unwrap`), else its text (one block: a string, or the object
+/// or array it holds when it is JSON, as many servers send their data; several: a list, other
+/// kinds as their JSON).
+fn value_of(r: &CallToolResult, unwrap: bool) -> Value {
     if let Some(v) = &r.structured_content {
+        if unwrap && let Some(x) = v.get("result") {
+            return x.clone();
+        }
         return v.clone();
     }
     let blocks: Vec<Value> = r
@@ -554,5 +613,85 @@ mod tests {
                 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         };
         assert!(re(&a) && re(&b) && re(&long), "{b} {long}");
+    }
+
+    /// A tool as a server lists it, with `output` as its output schema.
+    fn listed(output: Option<Value>) -> Listed {
+        let mut t = json!({"name": "add", "inputSchema": {"type": "object"}});
+        if let Some(o) = output {
+            t["outputSchema"] = o;
+        }
+        Listed::new(serde_json::from_value(t).unwrap())
+    }
+
+    #[test]
+    fn only_the_python_sdks_wrapper_is_unwrapped() {
+        // `-> int`, as the SDK lists it: code is told, and gets, the integer.
+        let wrapper = listed(Some(json!({"type": "object", "title": "addOutput",
+            "properties": {"result": {"type": "integer", "title": "Result"}},
+            "required": ["result"]})));
+        assert!(wrapper.unwrap);
+        assert_eq!(
+            Value::Object((*wrapper.output_schema.unwrap()).clone()),
+            json!({"type": "integer", "title": "Result"})
+        );
+        // `-> list[Model]`: the wrapped schema keeps the definitions its reference needs.
+        let defs = json!({"Pt": {"type": "object", "properties": {"x": {"type": "integer"}}}});
+        let models = listed(Some(json!({"type": "object", "$defs": defs,
+            "properties": {"result": {"type": "array", "items": {"$ref": "#/$defs/Pt"}}},
+            "required": ["result"]})));
+        assert!(models.unwrap);
+        assert_eq!(models.output_schema.unwrap()["$defs"], defs);
+
+        // A model with a `result` field and another: whole, as listed.
+        let schema = json!({"type": "object",
+            "properties": {"result": {"type": "integer"}, "note": {"type": "string"}},
+            "required": ["result", "note"]});
+        let model = listed(Some(schema.clone()));
+        assert!(!model.unwrap);
+        assert_eq!(
+            Value::Object((*model.output_schema.unwrap()).clone()),
+            schema
+        );
+        // Extra names in `required` only, `result` optional, or another name: not the wrapper.
+        for required in [json!(["result", "note"]), json!([]), json!(null)] {
+            let mut s = json!({"type": "object", "properties": {"result": {"type": "integer"}}});
+            if !required.is_null() {
+                s["required"] = required;
+            }
+            assert!(!listed(Some(s.clone())).unwrap, "{s}");
+        }
+        let other = json!({"type": "object", "properties": {"value": {"type": "integer"}},
+            "required": ["value"]});
+        assert!(!listed(Some(other)).unwrap);
+        // No output schema: nothing to unwrap, nothing to tell.
+        let bare = listed(None);
+        assert!(!bare.unwrap && bare.output_schema.is_none());
+    }
+
+    #[test]
+    fn a_wrapped_value_is_the_result_and_anything_else_is_whole() {
+        let answer = |structured: Value| {
+            let mut r = CallToolResult::success(vec![rmcp::model::ContentBlock::text("5")]);
+            r.structured_content = Some(structured);
+            r
+        };
+        assert_eq!(value_of(&answer(json!({"result": 5})), true), json!(5));
+        assert_eq!(
+            value_of(&answer(json!({"result": [1, 2]})), true),
+            json!([1, 2])
+        );
+        // A server that breaks its own schema gets its structured content passed on as it is.
+        assert_eq!(
+            value_of(&answer(json!({"other": 1})), true),
+            json!({"other": 1})
+        );
+        assert_eq!(
+            value_of(&answer(json!({"result": 5})), false),
+            json!({"result": 5})
+        );
+        // No structured content: the text, as before.
+        let text = CallToolResult::success(vec![rmcp::model::ContentBlock::text("5")]);
+        assert_eq!(value_of(&text, true), json!("5"));
     }
 }
