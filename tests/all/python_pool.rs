@@ -328,12 +328,15 @@ async fn recycling(c: &Client, name: &str) {
 
 /// Waits until the `name` pool (of one) holds an instance and has put back `least` reset ones
 /// in all, and returns that count: with `least` one past the last count, the next one-shot
-/// runs in the instance the last one-shot ran in, reset.
+/// runs in the instance the last one-shot ran in, reset. Python's pool polishes a put-back
+/// instance out of the pool for a moment (a one-shot then would miss and run in a new one), so
+/// for Python the instance must be polished too.
 async fn recycled_at_least(c: &Client, name: &str, least: u64) -> u64 {
     for _ in 0..600 {
         let p = pool_of(c, name).await;
         let recycled = p["recycled"].as_u64().unwrap();
-        if recycled >= least && p["ready"] == 1 {
+        let settled = name != "python" || p["polished"] == 1;
+        if recycled >= least && p["ready"] == 1 && settled {
             return recycled;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
