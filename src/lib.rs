@@ -17,6 +17,8 @@ mod runtimes;
 pub mod sandbox;
 pub mod session;
 pub mod setup;
+#[cfg(test)]
+mod testing;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -342,16 +342,7 @@ mod tests {
     use super::*;
     use crate::reach::{HostList, ReachConfig, secrets};
 
-    /// xorshift64*: the sequence is the seed's, so a failure can be replayed.
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-        }
-    }
+    use crate::testing::Rng;
 
     /// Where a host puts what it was sent in the next URL, and how it writes it.
     #[derive(Debug, Clone, Copy)]

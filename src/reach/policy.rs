@@ -263,16 +263,7 @@ mod tests {
         assert!(HostList::default().narrow(HostList::default()).is_ok());
     }
 
-    /// xorshift64*: the sequence is the seed's, so a failure can be replayed.
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-        }
-    }
+    use crate::testing::Rng;
 
     const LABELS: &[&str] = &["a", "b", "example", "com", "api", "ex-ample", "xn--p1ai"];
     const PORTS: &[Option<u16>] = &[None, Some(80), Some(443), Some(8080)];

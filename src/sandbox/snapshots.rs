@@ -270,16 +270,7 @@ mod tests {
     use super::*;
     use crate::engine::disk::Quota;
 
-    /// xorshift64*: the sequence is the seed's, so a failure can be replayed.
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-        }
-    }
+    use crate::testing::Rng;
 
     fn meta(id: &str, owner: &str) -> SnapshotMeta {
         SnapshotMeta {

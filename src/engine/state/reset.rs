@@ -144,21 +144,7 @@ mod tests {
     use super::*;
     use crate::engine::state::fixture::{Guest, P, image, setups};
 
-    /// xorshift64*: the sequence is the seed's, so a failure can be replayed.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::testing::Rng;
 
     /// [`Pristine::reset`] of `used` from `pristine`.
     fn reset(p: &Pristine, pristine: &Guest, used: &mut Guest, most: u64) -> Result<Reset> {
