@@ -173,13 +173,7 @@ pub async fn fetch(
     let mut body = Some(body).filter(|b| !b.is_empty());
     for _ in 0..=MAX_REDIRECTS {
         check_url(reach, &url)?;
-        let (host, port) = (
-            url.host_str()
-                .unwrap_or("")
-                .trim_matches(['[', ']'])
-                .to_ascii_lowercase(),
-            url.port_or_known_default().unwrap_or(0),
-        );
+        let (host, port) = secrets::host_port(&url);
         let secrets = &reach.config.secrets;
         let with = |b: &[u8]| secrets::insert(secrets, &host, port, b);
         let target = match with(url.as_str().as_bytes()) {
@@ -188,9 +182,7 @@ pub async fn fetch(
                     Failure::failed(format!("{url}: the URL with its secrets does not parse"))
                 })?;
                 // A value with `@` or `/` in it must not move the request to another host.
-                if t.host_str() != url.host_str()
-                    || t.port_or_known_default() != url.port_or_known_default()
-                {
+                if !same_host(&t, &url) {
                     return Err(Failure::refused(format!(
                         "{url}: a secret's value would change the URL's host; refused"
                     )));
@@ -258,9 +250,7 @@ pub async fn fetch(
                 body = None;
                 headers.retain(|(k, _)| !k.eq_ignore_ascii_case("content-type"));
             }
-            if to.host_str() != url.host_str()
-                || to.port_or_known_default() != url.port_or_known_default()
-            {
+            if !same_host(&to, &url) {
                 // Credentials meant for one host are not handed to the next.
                 headers.retain(|(k, _)| {
                     !k.eq_ignore_ascii_case("authorization") && !k.eq_ignore_ascii_case("cookie")
@@ -307,6 +297,11 @@ pub async fn fetch(
     Err(Failure::failed(format!(
         "{url}: more than {MAX_REDIRECTS} redirects"
     )))
+}
+
+/// Whether `a` and `b` name the same host and port.
+fn same_host(a: &Url, b: &Url) -> bool {
+    a.host_str() == b.host_str() && a.port_or_known_default() == b.port_or_known_default()
 }
 
 fn too_large(url: &Url, cap: usize) -> Failure {

@@ -177,14 +177,23 @@ pub fn scrub(secrets: &[Secret], bytes: Vec<u8>) -> Vec<u8> {
     })
 }
 
+/// The host (lower case, an IPv6 address without brackets) and port a secret's hosts are
+/// matched against for a request to `url`.
+pub fn host_port(url: &url::Url) -> (String, u16) {
+    (
+        url.host_str()
+            .unwrap_or("")
+            .trim_matches(['[', ']'])
+            .to_ascii_lowercase(),
+        url.port_or_known_default().unwrap_or(0),
+    )
+}
+
 /// The first secret whose value `url` carries, in any form up to three rounds of
 /// percent-decoding (and `+` as a space), to a host outside that secret's list.
 pub fn carried<'a>(secrets: &'a [Secret], url: &url::Url) -> Option<&'a Secret> {
-    let host = url
-        .host_str()?
-        .trim_matches(['[', ']'])
-        .to_ascii_lowercase();
-    let port = url.port_or_known_default().unwrap_or(0);
+    url.host_str()?;
+    let (host, port) = host_port(url);
     let outside: Vec<&Secret> = secrets
         .iter()
         .filter(|s| !s.hosts.matches(&host, port))
