@@ -3,6 +3,7 @@
 //! The library is the product: [`Wasmbox`] runs code; the MCP server (`mcp`) and the CLI are
 //! thin fronts over it, so tests, benches and both fronts drive the same code.
 
+pub mod bounded;
 pub mod cloud;
 pub mod config;
 pub mod engine;

@@ -805,7 +805,7 @@ fn copy_in(path: &Path, wheels: &Path, name: &str) -> Result<(Got, String), Pack
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 64 << 10];
     let max = index::MAX_WHEEL as u64;
-    wheel::copy_member(
+    crate::bounded::copy_member(
         &mut src,
         u64::MAX,
         max,
@@ -814,7 +814,7 @@ fn copy_in(path: &Path, wheels: &Path, name: &str) -> Result<(Got, String), Pack
         &mut buf,
     )
     .map_err(|e| match e {
-        wheel::Overrun::Io(e) => e.into(),
+        crate::bounded::Overrun::Io(e) => e.into(),
         _ => too_large(),
     })?;
     Ok((Got::Fresh(tmp), hex::encode(h.finalize())))

@@ -79,7 +79,7 @@ fn copy<R: Read>(
     h: Option<&mut Sha256>,
     buf: &mut [u8],
 ) -> Result<u64> {
-    use crate::packages::wheel::{Overrun, copy_member};
+    use crate::bounded::{Overrun, copy_member};
     let declared = m.size();
     copy_member(m, declared, u64::MAX, out, h, buf).map_err(|e| match e {
         Overrun::Io(e) => anyhow!("unpacking {name}, declared as {declared} bytes: {e}"),
