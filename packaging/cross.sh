@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Checks or builds wasmbox for one target from this (Debian x86_64) machine, installing what the
+# target needs: its Rust std (rustup), then a C compiler and linker for the C that build scripts
+# compile (ring, zstd, wasmtime's helpers): Debian's cross gcc for Linux on ARM and mingw-w64 for
+# Windows, zig (the pinned `ziglang` wheel of runtimes/quickjs/pins.env) for macOS, whose SDK
+# cannot be had here, so macOS is checked and linted, not linked.
+#
+# Usage: packaging/cross.sh TARGET check|clippy|build|env
+#   check   cargo check of the library and binary
+#   clippy  the same with clippy's lints as errors (a superset of check)
+#   build   a release binary; its path is the last line printed
+#   env     prints the exports the others use (`eval "$(packaging/cross.sh T env)"`)
+# Targets: x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu aarch64-apple-darwin
+#          x86_64-apple-darwin x86_64-pc-windows-gnu
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+target="${1:?usage: cross.sh TARGET check|clippy|build|env}"
+action="${2:?usage: cross.sh TARGET check|clippy|build|env}"
+cd "$root"
+say() { echo "cross.sh: $*" >&2; }
+
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return
+  say "installing ${missing[*]} (Debian)"
+  local sudo=(); [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# zig from the same pinned wheel the JavaScript build uses, unpacked under target/cross/.
+zig_path() {
+  # shellcheck disable=SC1091
+  . "$root/runtimes/quickjs/pins.env"
+  local dir="$root/target/cross/ziglang-$ZIGLANG_VERSION"
+  if [ ! -x "$dir/ziglang/zig" ]; then
+    mkdir -p "$dir"
+    local whl="$dir/$ZIGLANG_WHEEL"
+    say "fetching zig $ZIGLANG_VERSION (PyPI ziglang)"
+    local url
+    url=$(curl -fsSL "https://pypi.org/pypi/ziglang/$ZIGLANG_VERSION/json" |
+      python3 -c "import json,sys; print(next(u['url'] for u in json.load(sys.stdin)['urls'] if u['filename']=='$ZIGLANG_WHEEL'))")
+    curl -fsSL -o "$whl" "$url"
+    echo "$ZIGLANG_WHEEL_SHA256  $whl" | sha256sum -c --quiet
+    python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$whl" "$dir"
+    chmod +x "$dir/ziglang/zig"
+  fi
+  echo "$dir/ziglang/zig"
+}
+
+# A `cc` for zig's target triple (cc-rs wants one program, not `zig cc -target ...`).
+zig_cc() {
+  local zt="$1" zig w
+  zig=$(zig_path)
+  w="$root/target/cross/bin"
+  mkdir -p "$w"
+  printf '#!/bin/sh\nexec "%s" cc -target %s "$@"\n' "$zig" "$zt" > "$w/cc-$zt"
+  printf '#!/bin/sh\nexec "%s" ar "$@"\n' "$zig" > "$w/ar-zig"
+  chmod +x "$w/cc-$zt" "$w/ar-zig"
+  echo "$w/cc-$zt"
+}
+
+exports=()
+setup() {
+  local t_upper=${target//-/_}
+  t_upper=${t_upper^^}
+  case "$target" in
+    x86_64-unknown-linux-gnu) ;;
+    aarch64-unknown-linux-gnu)
+      apt_install gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+      exports+=("CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc"
+        "AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar"
+        "CARGO_TARGET_${t_upper}_LINKER=aarch64-linux-gnu-gcc") ;;
+    x86_64-pc-windows-gnu)
+      apt_install gcc-mingw-w64-x86-64
+      exports+=("CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc"
+        "AR_x86_64_pc_windows_gnu=x86_64-w64-mingw32-ar"
+        "CARGO_TARGET_${t_upper}_LINKER=x86_64-w64-mingw32-gcc") ;;
+    aarch64-apple-darwin | x86_64-apple-darwin)
+      local zt=${target%%-*}-macos cc
+      cc=$(zig_cc "$zt")
+      exports+=("CC_${target//-/_}=$cc" "AR_${target//-/_}=$root/target/cross/bin/ar-zig"
+        "CARGO_TARGET_${t_upper}_LINKER=$cc") ;;
+    *) say "unknown target $target"; exit 2 ;;
+  esac
+  rustup target list --installed | grep -qx "$target" || rustup target add "$target" >&2
+}
+
+setup
+for e in "${exports[@]}"; do export "${e?}"; done
+case "$action" in
+  env) for e in "${exports[@]}"; do printf 'export %q\n' "$e"; done ;;
+  check) cargo check --release --locked --target "$target" --lib --bins ;;
+  clippy) cargo clippy --release --locked --target "$target" --lib --bins -- -D warnings ;;
+  build)
+    case "$target" in
+      *-apple-darwin) say "build: linking for macOS needs Apple's SDK, which this machine cannot have; use check or clippy"; exit 2 ;;
+    esac
+    cargo build --release --locked --target "$target" --bin wasmbox >&2
+    exe=""; [[ "$target" == *windows* ]] && exe=.exe
+    echo "$root/target/$target/release/wasmbox$exe" ;;
+  *) say "unknown action $action (check|clippy|build|env)"; exit 2 ;;
+esac
