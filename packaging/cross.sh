@@ -39,12 +39,15 @@ zig_path() {
     local whl="$dir/$ZIGLANG_WHEEL"
     say "fetching zig $ZIGLANG_VERSION (PyPI ziglang)"
     local url
-    url=$(curl -fsSL "https://pypi.org/pypi/ziglang/$ZIGLANG_VERSION/json" |
-      python3 -c "import json,sys; print(next(u['url'] for u in json.load(sys.stdin)['urls'] if u['filename']=='$ZIGLANG_WHEEL'))")
-    curl -fsSL -o "$whl" "$url"
-    echo "$ZIGLANG_WHEEL_SHA256  $whl" | sha256sum -c --quiet
+    local api="https://pypi.org/pypi/ziglang/json"
+    # The index may answer with URLs relative to the API's (a mirror's), hence urljoin.
+    url=$(curl -fsSL "$api" | python3 -c "import json,sys,urllib.parse as u; print(next(u.urljoin('$api', f['url']) for f in json.load(sys.stdin)['releases']['$ZIGLANG_VERSION'] if f['filename']=='$ZIGLANG_WHEEL'))") ||
+      { say "zig $ZIGLANG_VERSION: no $ZIGLANG_WHEEL on PyPI"; exit 1; }
+    curl -fsSL -o "$whl" "$url" || exit 1
+    echo "$ZIGLANG_WHEEL_SHA256  $whl" | sha256sum -c --quiet || { rm -f "$whl"; exit 1; }
     python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$whl" "$dir"
     chmod +x "$dir/ziglang/zig"
+    rm -f "$whl"
   fi
   echo "$dir/ziglang/zig"
 }
@@ -53,6 +56,7 @@ zig_path() {
 zig_cc() {
   local zt="$1" zig w
   zig=$(zig_path)
+  [ -x "$zig" ] || { say "no zig"; exit 1; }
   w="$root/target/cross/bin"
   mkdir -p "$w"
   printf '#!/bin/sh\nexec "%s" cc -target %s "$@"\n' "$zig" "$zt" > "$w/cc-$zt"
