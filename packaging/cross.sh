@@ -59,7 +59,8 @@ zig_cc() {
   [ -x "$zig" ] || { say "no zig"; exit 1; }
   w="$root/target/cross/bin"
   mkdir -p "$w"
-  printf '#!/bin/sh\nexec "%s" cc -target %s "$@"\n' "$zig" "$zt" > "$w/cc-$zt"
+  # cc-rs also passes --target=arm64-apple-macosx, which zig spells its own way: ours wins.
+  printf '#!/bin/sh\nfor a do shift; case "$a" in --target=*) ;; *) set -- "$@" "$a" ;; esac; done\nexec "%s" cc -target %s "$@"\n' "$zig" "$zt" > "$w/cc-$zt"
   printf '#!/bin/sh\nexec "%s" ar "$@"\n' "$zig" > "$w/ar-zig"
   chmod +x "$w/cc-$zt" "$w/ar-zig"
   echo "$w/cc-$zt"

@@ -13,6 +13,7 @@ pub mod fit;
 pub mod lang;
 pub mod mcp;
 pub mod packages;
+pub mod platform;
 pub mod reach;
 mod runtimes;
 pub mod sandbox;

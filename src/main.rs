@@ -242,6 +242,30 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         });
     }
+    // `run` with its language's runtime missing sets up that one alone, in the foreground: the
+    // answer comes before the others are fetched (`wasmbox setup`, or a `serve`, fetches them).
+    if let Command::Run { language, .. } = &cli.command
+        && std::env::var("WASMBOX_AUTO_SETUP").as_deref() != Ok("0")
+        && let Some((name, file)) = runtime_of(language)
+        && !config.runtimes_dir.join(file).is_file()
+    {
+        let named = explicit_runtimes.is_some() || std::env::var_os("WASMBOX_RUNTIMES").is_some();
+        let dir = if named {
+            config.runtimes_dir.clone()
+        } else {
+            setup_dir.clone()
+        };
+        eprintln!(
+            "wasmbox: no {name} runtime yet: fetching it alone into {} (the others: `wasmbox setup`; WASMBOX_AUTO_SETUP=0 turns this off)",
+            dir.display()
+        );
+        wasmbox::setup::run(wasmbox::setup::Options {
+            only: Some(vec![name.to_string()]),
+            ..setup_options(dir.clone(), &config)
+        })
+        .await?;
+        config.runtimes_dir = dir;
+    }
     let wasmbox = Wasmbox::new(config)?;
     match cli.command {
         Command::Serve { http: None, .. } => {
@@ -380,6 +404,16 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             Ok(ExitCode::from(result.exit_code.clamp(0, 255) as u8))
         }
+    }
+}
+
+/// The setup name of a language's runtime and the file that says it is there; `None` for
+/// languages setup does not provide (a Go on PATH, bash in the cloud).
+fn runtime_of(language: &str) -> Option<(&'static str, &'static str)> {
+    match wasmbox::lang::Language::parse(language).ok()? {
+        wasmbox::lang::Language::Python => Some(("python", "python/python-snapshot.wasm")),
+        wasmbox::lang::Language::JavaScript => Some(("quickjs", "quickjs/qjs.wasm")),
+        _ => None,
     }
 }
 

@@ -25,7 +25,9 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, MetadataExt};
+use cap_std::fs::Dir;
+
+use crate::platform::fs::MetaExt;
 
 /// The most a budget's directories may hold.
 #[derive(Clone, Copy, Debug)]
@@ -374,7 +376,8 @@ fn walk(root: &Path, stop_above: u64, linked: &mut HashSet<FileId>) -> io::Resul
                 subdirs.push(e.file_name());
             } else if ft.is_file() {
                 let m = e.metadata()?;
-                if m.nlink() <= 1 || linked.insert((m.dev(), m.ino())) {
+                let again = m.link_count() > 1 && m.file_id().is_some_and(|id| !linked.insert(id));
+                if !again {
                     bytes = bytes.saturating_add(m.len());
                 }
             }

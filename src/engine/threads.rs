@@ -164,31 +164,7 @@ pub fn on_guest_stack<R: Send, E: From<Error> + Send>(
     })
 }
 
-/// Makes the calling thread yield the CPU to request threads: background work (idle-session
-/// saves, hashing) must not delay an answer on a machine with few cores.
-pub fn lower_priority() {
-    // SAFETY: a plain syscall on the calling thread; failure only leaves the priority as it was.
-    #[cfg(target_os = "linux")]
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
-    }
-}
-
-/// As [`lower_priority`], and further: the calling thread runs only on CPU time nobody else
-/// wants (SCHED_IDLE). For the work a call leaves behind (refilling a pool, tearing down a
-/// spent instance), whose starving under load the pool-empty path and the reaper's inline drop
-/// already bound.
-pub fn idle_priority() {
-    lower_priority();
-    // SAFETY: as above; lowering one's own policy needs no privilege.
-    #[cfg(target_os = "linux")]
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::pid_t;
-        let param = libc::sched_param { sched_priority: 0 };
-        libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param);
-    }
-}
+pub use crate::platform::process::{idle_priority, lower_priority};
 
 /// Guest threads, started as needed up to a cap. A job goes to the thread that went idle last:
 /// its stack and the CPU it last ran on are the likeliest to be warm, and no other thread is

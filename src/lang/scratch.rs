@@ -106,8 +106,7 @@ pub(crate) fn scratch_root() -> Result<&'static Path> {
                 let _ = std::fs::remove_dir_all(root);
             }
         }
-        // SAFETY: registers a plain function to run at exit.
-        unsafe { libc::atexit(remove_root) };
+        crate::platform::process::at_exit(remove_root);
     } else {
         // Another thread won the race; ours is unused.
         let _ = std::fs::remove_dir(&made);
@@ -126,14 +125,11 @@ fn remove_stale_roots(tmp: &Path) {
             .to_str()
             .and_then(|n| n.strip_prefix("wasmbox-run-"))
             .and_then(|n| n.split('-').next())
-            .and_then(|p| p.parse::<libc::pid_t>().ok())
+            .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
         };
-        // SAFETY: signal 0 only asks whether the process exists.
-        let gone = unsafe { libc::kill(pid, 0) } != 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        if gone {
+        if crate::platform::process::process_gone(pid) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }

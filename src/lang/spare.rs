@@ -174,17 +174,14 @@ fn made_ahead(make: &Make, plan: &Mutex<Plan>) -> Result<Spare> {
             .map_err(engine_err)?;
     }
     let mem = memory.data_mut(&mut guest.store);
-    #[cfg(target_os = "linux")]
-    // SAFETY: the instance's own memory, borrowed mutably; POPULATE_WRITE makes private copies
-    // of its pages without changing what they read (runs past its end are cut off).
+    // SAFETY: the instance's own memory, borrowed mutably; a write population makes private
+    // copies of its pages without changing what they read (runs past its end are cut off).
     unsafe {
-        use crate::engine::prefault::advise;
+        use crate::platform::memory::{Populate, populate};
         let (base, len) = (mem.as_mut_ptr(), mem.len());
-        advise(&plan.runs, base, len, libc::MADV_POPULATE_WRITE);
-        advise(&plan.reads, base, len, libc::MADV_POPULATE_READ);
+        populate(&plan.runs, base, len, Populate::Write);
+        populate(&plan.reads, base, len, Populate::Read);
     }
-    #[cfg(not(target_os = "linux"))]
-    let _ = mem;
     let memory_pages = memory.size(&guest.store);
     let ahead = plan
         .runs

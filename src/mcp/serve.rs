@@ -2,6 +2,7 @@
 //! `serve --http` is MCP's streamable HTTP transport behind bearer tokens, each token owning
 //! its own sandboxes ([`super::streamable`]).
 
+use crate::platform::process::shutdown_signal;
 use rmcp::ServiceExt;
 
 use super::WasmboxServer;
@@ -46,7 +47,7 @@ type Writer = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
 /// hand-off each way: ~0.1-0.35 ms a call on this machine. Anything else (a terminal, a file)
 /// keeps those blocking handles.
 fn stdio() -> (Reader, Writer) {
-    if let Some((r, w)) = stdio_sockets() {
+    if let Some((r, w)) = crate::platform::stdio::sockets() {
         tracing::debug!("stdio: non-blocking sockets");
         return (Box::pin(r), Box::pin(w));
     }
@@ -54,33 +55,6 @@ fn stdio() -> (Reader, Writer) {
     // anything but a FIFO falls back to tokio's blocking handles.
     let (r, w) = rmcp::transport::stdio_pipes();
     (Box::pin(r), Box::pin(w))
-}
-
-/// stdin and stdout as non-blocking sockets, when both are. A socket cannot be reopened with
-/// its own flags, so O_NONBLOCK lands on the inherited description: harmless, since nothing else
-/// here reads stdin or writes stdout, and children get neither; but not when stderr shares
-/// stdout's socket (`2>&1`), whose log writes must not fail with EAGAIN.
-fn stdio_sockets() -> Option<(tokio::net::UnixStream, tokio::net::UnixStream)> {
-    use std::os::fd::AsFd;
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let socket = |fd: std::os::fd::BorrowedFd<'_>| {
-        let file = std::fs::File::from(fd.try_clone_to_owned().ok()?);
-        let meta = file.metadata().ok()?;
-        meta.file_type()
-            .is_socket()
-            .then(|| (std::os::fd::OwnedFd::from(file), (meta.dev(), meta.ino())))
-    };
-    let (input, _) = socket(std::io::stdin().as_fd())?;
-    let (output, out_id) = socket(std::io::stdout().as_fd())?;
-    if socket(std::io::stderr().as_fd()).is_some_and(|(_, err_id)| err_id == out_id) {
-        return None;
-    }
-    let stream = |fd: std::os::fd::OwnedFd| {
-        let s = std::os::unix::net::UnixStream::from(fd);
-        s.set_nonblocking(true).ok()?;
-        tokio::net::UnixStream::from_std(s).ok()
-    };
-    Some((stream(input)?, stream(output)?))
 }
 
 /// Loads the runtimes in the background so the first call does not pay for it, while the
@@ -99,19 +73,4 @@ pub(super) fn warm_up(wasmbox: &Wasmbox) {
             }
         }
     });
-}
-
-/// SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -12,9 +12,10 @@ use sha2::{Digest, Sha256};
 
 use super::WasmboxServer;
 use super::hangup::{self, Call, Hangups};
-use super::serve::{shutdown_signal, warm_up};
+use super::serve::warm_up;
 use super::tools::Owner;
 use crate::Wasmbox;
+use crate::platform::process::shutdown_signal;
 
 /// How `serve --http` listens and whom it lets in.
 #[derive(Clone, Debug)]
@@ -408,8 +409,7 @@ pub fn http_tokens(
     );
     let mut o = std::fs::OpenOptions::new();
     o.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    crate::platform::fs::private_file(&mut o);
     use std::io::Write;
     o.open(&path)
         .and_then(|mut f| f.write_all(token.as_bytes()))

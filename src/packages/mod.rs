@@ -843,14 +843,16 @@ fn finalize(store: &Path, staged: Staged, tree: &str, source: &str) -> Result<()
 }
 
 fn read_only(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
     for e in std::fs::read_dir(dir)? {
         let e = e?;
         let t = e.file_type()?;
         if t.is_dir() {
             read_only(&e.path())?;
         } else if t.is_file() {
-            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o444))?;
+            // Write bits off (0444 from 0644), on every platform.
+            let mut p = e.metadata()?.permissions();
+            p.set_readonly(true);
+            std::fs::set_permissions(e.path(), p)?;
         }
     }
     Ok(())

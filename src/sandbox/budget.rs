@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, MetadataExt};
+use cap_std::fs::Dir;
+
+use crate::platform::fs::MetaExt;
 
 use super::Sandboxes;
 
@@ -44,7 +46,7 @@ pub fn file_cost(len: u64) -> u64 {
 }
 
 fn entry_cost(m: &cap_std::fs::Metadata) -> u64 {
-    cost(m.len(), m.blocks())
+    cost(m.len(), m.disk_blocks())
 }
 
 /// What the directory `root` and everything under it costs (0 when it does not exist), a file
@@ -71,17 +73,19 @@ pub fn measure(root: &Path) -> io::Result<u64> {
         depth: 0,
     }];
     while let Some(f) = stack.pop() {
-        let mut subdirs: Vec<(OsString, (u64, u64))> = Vec::new();
+        let mut subdirs: Vec<(OsString, Option<(u64, u64)>)> = Vec::new();
         for e in f.anchor.read_dir(&f.rel)? {
             let e = e?;
             // Not followed: the entry's own metadata.
             let m = e.metadata()?;
             // A file's other names are copied as links: an entry each, its blocks once.
-            let again = m.is_file() && m.nlink() > 1 && !linked.insert((m.dev(), m.ino()));
+            let again = m.is_file()
+                && m.link_count() > 1
+                && m.file_id().is_some_and(|id| !linked.insert(id));
             let c = if again { PER_ENTRY } else { entry_cost(&m) };
             total = total.saturating_add(c);
             if m.is_dir() {
-                subdirs.push((e.file_name(), (m.dev(), m.ino())));
+                subdirs.push((e.file_name(), m.file_id()));
             }
         }
         for (name, id) in subdirs {
@@ -89,7 +93,7 @@ pub fn measure(root: &Path) -> io::Result<u64> {
             // A directory swapped for a link after it was listed is not walked.
             let opened = f.anchor.open_dir(&rel)?;
             let m = opened.dir_metadata()?;
-            if (m.dev(), m.ino()) != id {
+            if m.file_id() != id {
                 return Err(io::Error::other(format!(
                     "{} changed while it was measured",
                     rel.display()
@@ -359,13 +363,13 @@ fn state_dir_cost(dir: &Path, except: Option<&Path>) -> u64 {
     let Ok(m) = std::fs::symlink_metadata(dir) else {
         return 0;
     };
-    let mut total = cost(m.len(), std::os::unix::fs::MetadataExt::blocks(&m));
+    let mut total = cost(m.len(), m.disk_blocks());
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         if except.is_some_and(|p| p == e.path()) {
             continue;
         }
         if let Ok(m) = e.metadata() {
-            total = total.saturating_add(cost(m.len(), std::os::unix::fs::MetadataExt::blocks(&m)));
+            total = total.saturating_add(cost(m.len(), m.disk_blocks()));
         }
     }
     total

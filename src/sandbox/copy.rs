@@ -13,9 +13,10 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, File, FileType, MetadataExt, OpenOptions};
+use cap_std::fs::{Dir, File, FileType, OpenOptions};
 
 use crate::engine::disk::{FileId, Quota};
+use crate::platform::fs::{MetaExt, entry_changed as changed, open_entry as open_nofollow};
 
 /// Deepest nesting copied. The walk holds two descriptors per level (the source and the
 /// destination directory), so this bounds what one copy holds open; deeper fails like the quota.
@@ -151,8 +152,9 @@ fn copy_entry(
         return Ok(None);
     }
     count_entry(quota, done)?;
-    let id = (meta.dev(), meta.ino());
-    if meta.nlink() > 1 {
+    if meta.link_count() > 1
+        && let Some(id) = meta.file_id()
+    {
         if let Some(first) = linked.first.get(&id) {
             return linked
                 .root
@@ -180,19 +182,11 @@ fn copy_entry(
 fn copy_link(level: &Level, name: &OsStr, quota: &Quota, done: &mut Copied) -> io::Result<()> {
     let target = match level.src.read_link_contents(name) {
         Ok(t) => t,
-        Err(e) if changed(&e) || e.raw_os_error() == Some(libc::EINVAL) => return Ok(()),
+        Err(e) if changed(&e) || crate::platform::fs::not_a_link(&e) => return Ok(()),
         Err(e) => return Err(e),
     };
     count_entry(quota, done)?;
-    level.dst.symlink_contents(target, name)
-}
-
-/// An open that failed because the entry is no longer what its listing said.
-fn changed(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ELOOP | libc::ENOTDIR | libc::ENOENT)
-    )
+    crate::platform::fs::copy_link(&level.dst, &target, name).map(|_| ())
 }
 
 fn count_entry(quota: &Quota, done: &mut Copied) -> io::Result<()> {
@@ -210,38 +204,11 @@ fn over_bytes(quota: &Quota) -> io::Error {
     io::Error::other(format!("more than {} bytes", quota.max_bytes))
 }
 
-/// Opens `name`, one entry of `dir`'s listing, for reading without following it if it is a
-/// link (`ELOOP`, or `ENOTDIR` for a directory) and without blocking if it is a FIFO.
-fn open_nofollow(dir: &Dir, name: &OsStr, directory: bool) -> io::Result<File> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    use std::os::unix::ffi::OsStrExt;
-    // A listed name is one component; anything else would be resolved by the kernel.
-    if name.as_bytes().contains(&b'/') || name == ".." || name == "." {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    let c = std::ffi::CString::new(name.as_bytes())?;
-    let mut flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NOCTTY;
-    flags |= if directory {
-        libc::O_DIRECTORY
-    } else {
-        libc::O_NONBLOCK
-    };
-    // SAFETY: an open descriptor and a NUL-terminated name; the result is checked.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nothing else.
-    Ok(File::from_std(unsafe { std::fs::File::from_raw_fd(fd) }))
-}
-
 /// One file's bytes into `out`: a reflink (`FICLONE`) where the filesystem shares blocks, else
 /// a copy of at most `left + 1` bytes (which `copy_file_range` may still share). Returns what
 /// `out` holds.
 fn copy_file(from: File, out: &File, left: u64) -> io::Result<u64> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: two open descriptors; FICLONE only reads `from` and fills `out`.
-    if unsafe { libc::ioctl(out.as_raw_fd(), libc::FICLONE, from.as_raw_fd()) } == 0 {
+    if crate::platform::fs::reflink(&from, out) {
         return Ok(out.metadata()?.len());
     }
     let mut from = from.into_std().take(left.saturating_add(1));

@@ -146,8 +146,7 @@ impl Workspace {
         let root = parent.join(id);
         let mut b = std::fs::DirBuilder::new();
         b.recursive(true);
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        crate::platform::fs::private_dir(&mut b);
         b.create(root.join("workspace"))?;
         b.create(root.join("tmp"))?;
         let dir = Dir::open_ambient_dir(root.join("workspace"), ambient_authority())?;
@@ -560,8 +559,7 @@ fn quota_err(p: &GuestPath, o: Over) -> FsError {
 /// An `open` that cannot block: a FIFO swapped in after a check opens (or fails) at once, and is
 /// then refused by the check of the opened file. No effect on regular files.
 fn nonblocking(o: &mut OpenOptions) {
-    #[cfg(unix)]
-    cap_std::fs::OpenOptionsExt::custom_flags(o, libc::O_NONBLOCK | libc::O_NOCTTY);
+    crate::platform::fs::no_block(o);
 }
 
 fn regular(p: &GuestPath, meta: &cap_std::fs::Metadata) -> Result<(), FsError> {
@@ -601,19 +599,7 @@ pub(super) fn io_err(p: &GuestPath, e: io::Error) -> FsError {
 }
 
 pub(super) fn permissions(meta: &cap_std::fs::Metadata) -> String {
-    #[cfg(unix)]
-    {
-        use cap_std::fs::PermissionsExt;
-        format!("{:04o}", meta.permissions().mode() & 0o7777)
-    }
-    #[cfg(not(unix))]
-    {
-        if meta.permissions().readonly() {
-            "0444".into()
-        } else {
-            "0644".into()
-        }
-    }
+    crate::platform::fs::mode_string(meta)
 }
 
 /// Seconds since the Unix epoch as RFC 3339 (for sandbox timestamps).

@@ -51,8 +51,7 @@ pub(crate) fn write_replacing(path: &Path, bytes: &[u8], sync: bool) -> std::io:
     let written = (|| {
         let mut o = std::fs::OpenOptions::new();
         o.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+        crate::platform::fs::private_file(&mut o);
         let mut f = o.open(&tmp)?;
         f.write_all(bytes)?;
         if sync {

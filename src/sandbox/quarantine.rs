@@ -48,8 +48,7 @@ impl Sandboxes {
         let dest = root.join(format!("{id}-{secs}"));
         let mut b = std::fs::DirBuilder::new();
         b.recursive(true);
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        crate::platform::fs::private_dir(&mut b);
         if let Err(e) = b.create(&root).and_then(|()| std::fs::rename(dir, &dest)) {
             tracing::warn!(sandbox = %id, "could not adopt the sandbox in {} ({why}) nor move it to {}: {e}; it is left where it is", dir.display(), root.display());
             return;

@@ -47,8 +47,7 @@ impl Sandboxes {
                 let dir = d.join("sandboxes");
                 let mut b = std::fs::DirBuilder::new();
                 b.recursive(true);
-                #[cfg(unix)]
-                std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+                crate::platform::fs::private_dir(&mut b);
                 b.create(&dir)?;
                 Root::Data(dir)
             }

@@ -146,8 +146,7 @@ impl Snapshots {
         let dir = self.root.join(&id);
         let mut b = std::fs::DirBuilder::new();
         b.recursive(true);
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        crate::platform::fs::private_dir(&mut b);
         for sub in ["workspace", "tmp", "state"] {
             b.create(dir.join(sub))
                 .map_err(|e| SnapshotError::Io(e.to_string()))?;

@@ -100,8 +100,7 @@ pub fn secret(cfg: &WebhookConfig, cache_dir: &Path) -> Vec<u8> {
         use std::io::Write;
         let mut o = std::fs::OpenOptions::new();
         o.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+        crate::platform::fs::private_file(&mut o);
         o.open(&path)?.write_all(fresh.as_bytes())
     });
     if let Err(e) = written {

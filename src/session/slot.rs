@@ -90,8 +90,7 @@ pub fn write(
     if let Some(dir) = path.parent() {
         let mut b = std::fs::DirBuilder::new();
         b.recursive(true);
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        crate::platform::fs::private_dir(&mut b);
         b.create(dir)
             .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }

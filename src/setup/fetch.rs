@@ -116,8 +116,7 @@ pub(super) fn unpack_zip<R: Read + std::io::Seek>(
             let mut out = File::create(&target)?;
             copy(&mut e, &name, &mut out, None, &mut buf)?;
             if e.unix_mode().is_some_and(|m| m & 0o111 != 0) {
-                use std::os::unix::fs::PermissionsExt;
-                fs::set_permissions(&target, fs::Permissions::from_mode(0o755))?;
+                crate::platform::fs::set_executable(&target)?;
             }
         }
         swap_in(&tmp, dest)

@@ -31,12 +31,14 @@ pub(super) struct Stamps {
 }
 
 pub(super) fn stat_key(path: &Path) -> Option<(u64, i128)> {
-    use std::os::unix::fs::MetadataExt;
     let m = fs::metadata(path).ok()?;
-    Some((
-        m.len(),
-        m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-    ))
+    // Nanoseconds since the epoch, as Unix's mtime and mtime_nsec gave them before.
+    let t = m.modified().ok()?;
+    let nanos = match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(e) => -(e.duration().as_nanos() as i128),
+    };
+    Some((m.len(), nanos))
 }
 
 impl Stamps {

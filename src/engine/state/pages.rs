@@ -185,7 +185,7 @@ mod tests {
         let before = a.capture(Scan::Pagemap).unwrap();
         let mem = a.memory.data_mut(&mut a.store);
         // SAFETY: the memory's accessible part; PAGEOUT keeps contents.
-        unsafe { libc::madvise(mem.as_mut_ptr().cast(), mem.len(), libc::MADV_PAGEOUT) };
+        unsafe { crate::platform::memory::page_out(mem.as_mut_ptr(), mem.len()) };
         let entries = prefault::pagemap(mem.as_ptr(), mem.len() / PAGE).unwrap();
         if !entries.iter().any(|e| e & PM_SWAP != 0) {
             eprintln!("no page was swapped out (no swap?): not exercised");

@@ -149,16 +149,15 @@ fn restore_from(
         .map(|r| r.start - boundary..r.end - boundary)
         .collect();
     let fill = |part: &mut [u8], base: usize, range: Range<usize>, absent: &[Range<usize>]| {
-        #[cfg(target_os = "linux")]
         // SAFETY: the runs lie within `part`, part of the memory's accessible part (its length
-        // was checked), borrowed mutably here; POPULATE_WRITE faults the pages in as the writes
-        // below would.
+        // was checked), borrowed mutably here; a write population faults the pages in as the
+        // writes below would.
         unsafe {
-            crate::engine::prefault::advise(
+            crate::platform::memory::populate(
                 absent,
                 part.as_mut_ptr(),
                 part.len(),
-                libc::MADV_POPULATE_WRITE,
+                crate::platform::memory::Populate::Write,
             );
         }
         for i in range {
@@ -405,13 +404,13 @@ mod tests {
             let mut ahead = Guest::new(&module);
             ahead.memory.grow(&mut ahead.store, 1).unwrap();
             let mem = ahead.memory.data_mut(&mut ahead.store);
-            // SAFETY: the memory's accessible part; POPULATE_WRITE keeps contents.
+            // SAFETY: the memory's accessible part; a write population keeps contents.
             unsafe {
-                crate::engine::prefault::advise(
+                crate::platform::memory::populate(
                     &[0..2 * PAGE, 16 * PAGE..17 * PAGE, 66 * PAGE..68 * PAGE],
                     mem.as_mut_ptr(),
                     mem.len(),
-                    libc::MADV_POPULATE_WRITE,
+                    crate::platform::memory::Populate::Write,
                 );
             }
             // Page 70 was not made ahead: named wrongly, it faults in as it is written.

@@ -59,6 +59,8 @@ impl GoRuntime {
                 self.toolchain.go.display()
             ))
         })?;
+        let group =
+            crate::platform::process::Group::join(&child, super::toolchain::BUILD_ADDRESS_SPACE);
         let status = loop {
             if let Some(status) = child
                 .try_wait()
@@ -68,11 +70,11 @@ impl GoRuntime {
             }
             // A kill or the sandbox's deletion ends the build as it would end the program.
             if let Some(why) = stopped(req) {
-                kill_group(&mut child);
+                group.kill(&mut child);
                 return Ok(Some(stopped_result(why, req, start)));
             }
             if Instant::now() >= deadline {
-                kill_group(&mut child);
+                group.kill(&mut child);
                 return Ok(Some(timeout_result(Stage::Compile, req, start)));
             }
             std::thread::sleep(Duration::from_millis(3));

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime};
 
 use super::super::guest::{TMP_GUEST, WORKSPACE_GUEST};
 use super::super::{LangError as Error, Result};
@@ -130,7 +130,8 @@ impl GoToolchain {
 /// The fixed environment of every build in the private directory `dir`: nothing from the
 /// host, no workspace files, bounded threads and heap, temporary files inside `dir`.
 pub fn build_env(gocache: &Path, dir: &Path) -> Vec<(&'static str, String)> {
-    vec![
+    let mut env = crate::platform::process::essential_env();
+    env.extend([
         ("GOOS", "wasip1".into()),
         ("GOARCH", "wasm".into()),
         ("CGO_ENABLED", "0".into()),
@@ -146,7 +147,8 @@ pub fn build_env(gocache: &Path, dir: &Path) -> Vec<(&'static str, String)> {
         ("GOCACHE", gocache.display().to_string()),
         ("HOME", dir.display().to_string()),
         ("PATH", "/usr/bin:/bin".into()),
-    ]
+    ]);
+    env
 }
 
 /// `go build` of `main.go` in `dir` (which has a `tmp/` for GOTMPDIR), bounded.
@@ -166,39 +168,7 @@ pub(super) fn build_command(go: &Path, gocache: &Path, dir: &Path) -> Command {
 /// Its own process group (a deadline or a stop kills compile and link too) and an address
 /// space cap, which the toolchain's children inherit.
 pub(super) fn bound_process(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    cmd.process_group(0);
-    // SAFETY: the closure runs in the child between fork and exec and only calls setrlimit,
-    // which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: BUILD_ADDRESS_SPACE,
-                rlim_max: BUILD_ADDRESS_SPACE,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Kills the build's process group and waits until it is gone, so its directory can go.
-pub(super) fn kill_group(child: &mut Child) {
-    let group = child.id() as i32;
-    // SAFETY: a plain syscall on the process group the child leads.
-    unsafe {
-        libc::kill(-group, libc::SIGKILL);
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    // Its children die too and are reaped by init; give them a moment to go.
-    let until = Instant::now() + Duration::from_millis(200);
-    // SAFETY: as above; signal 0 only asks whether the group still exists.
-    while unsafe { libc::kill(-group, 0) } == 0 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    crate::platform::process::bound(cmd, BUILD_ADDRESS_SPACE);
 }
 
 /// A file's bytes, or its length when over `cap`: checked before reading, and the read cannot
@@ -363,6 +333,7 @@ mod tests {
         assert_eq!(names, fixed);
     }
 
+    #[cfg(unix)]
     #[test]
     fn the_build_process_has_an_address_space_cap_and_its_own_group() {
         let mut cmd = Command::new("/bin/sh");

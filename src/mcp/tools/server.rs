@@ -316,7 +316,7 @@ impl WasmboxServer {
             pools: self.wasmbox.pool_stats(),
             slots: self.wasmbox.slot_stats(),
             memory: Memory {
-                rss_bytes: rss_bytes(),
+                rss_bytes: crate::platform::process::rss_bytes(),
             },
             max_concurrency: self.wasmbox.config().max_concurrency,
             cpu_slots: self.wasmbox.cpu_stats(),
@@ -492,12 +492,4 @@ pub fn template_names() -> String {
         .map(|t| t.id)
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// Resident set size of this process (Linux), or null elsewhere.
-fn rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }

@@ -48,21 +48,10 @@ pub async fn connect(spec: &ServerSpec, max_message: usize) -> Result<Link, Stri
             if let Some(dir) = cwd {
                 cmd.current_dir(dir);
             }
-            // The server ends with wasmbox however wasmbox ends (a drop kills it too, but a
-            // process that exits or is killed drops nothing). The thread that spawns it is the
-            // reach runtime's, which lives as long as the process.
-            #[cfg(target_os = "linux")]
-            // SAFETY: prctl is async-signal-safe and touches no memory of the parent's.
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-            let mut child = cmd
-                .spawn()
+            // The server ends with wasmbox however wasmbox ends. The thread that spawns it is
+            // the reach runtime's, which lives as long as the process (Linux's parent-death
+            // signal is tied to the spawning thread).
+            let mut child = crate::platform::process::spawn_tied(&mut cmd)
                 .map_err(|e| format!("cannot start {command:?}: {e}"))?;
             let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
                 return Err("its stdio could not be opened".into());
