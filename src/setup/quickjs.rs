@@ -9,19 +9,20 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, bail};
 
 use super::fetch::{check_sha, inside, part, sha256_file, swap_in, unpack_zip};
-use super::{Entry, Setup, log};
+use super::{Entry, Setup, log, pins};
 
 const QJS_PINS: &str = include_str!("../../runtimes/quickjs/pins.env");
 const QJS_ENTRY: &str = include_str!("../../runtimes/quickjs/wasmbox_qjs.c");
 const QJS_PRELUDE: &str = include_str!("../../runtimes/quickjs/prelude.js");
 
 impl Setup {
-    /// The JavaScript runtime, built from pinned sources (QuickJS-NG from crates.io, zig from
-    /// PyPI) with our entry and prelude; the build is reproducible, so its output is checked
-    /// against the manifest like a download.
+    /// The JavaScript runtime, built from pinned sources (QuickJS-NG from crates.io) with our
+    /// entry and prelude by this platform's pinned zig (PyPI); the build is reproducible, so its
+    /// output is checked against the manifest like a download.
     pub(super) async fn quickjs(&mut self, name: &str, e: &Entry) -> Result<()> {
         let out = e.output.as_deref().unwrap_or("quickjs/qjs.wasm");
-        if self.stamps.ok(out, &e.sha256) {
+        let want = e.sha256()?.to_string();
+        if self.stamps.ok(out, &want) {
             log(format_args!("{name}: present and verified"));
             return Ok(());
         }
@@ -39,27 +40,29 @@ impl Setup {
         let cache = self.opts.cache.clone();
         fs::create_dir_all(cache.join("downloads"))?;
 
-        // zig, from its PyPI wheel (the binary inside; no Python needed to run it).
-        let (zv, zwheel, zsha) = (
-            pin("ZIGLANG_VERSION")?,
-            pin("ZIGLANG_WHEEL")?,
-            pin("ZIGLANG_WHEEL_SHA256")?,
-        );
-        let zig_dir = cache.join(format!("ziglang-{zv}-{}", &zsha[..12]));
+        // zig, from this platform's PyPI wheel (the binary inside; no Python needed to run it).
+        let zig = e
+            .zig
+            .as_ref()
+            .ok_or_else(|| anyhow!("a build entry needs its zig"))?;
+        let zv = &zig.version;
+        let here = pins::here();
+        let zpin = pins::pick("zig", &zig.platforms, &here).map_err(|none| {
+            anyhow!(
+                "{none}. Build {out} on a pinned platform (or by hand from runtimes/quickjs/, \
+                 with zig {zv}: see its README) and copy it to {}: setup takes it when its \
+                 SHA-256 is the pinned one",
+                self.opts.dir.join(out).display()
+            )
+        })?;
+        let zig_dir = cache.join(format!("ziglang-{zv}-{}", &zpin.sha256[..12]));
         if !zig_dir.join(".ok").is_file() {
-            if here_tag() != "linux-x86_64" {
-                bail!(
-                    "the pinned zig is for x86_64 Linux; on {} build qjs.wasm with \
-                     runtimes/quickjs's sources and zig {zv}, then set WASMBOX_RUNTIMES",
-                    here_tag()
-                );
-            }
-            let url = self.wheel_url("ziglang", zv, zwheel).await?;
-            let whl = cache.join("downloads").join(zwheel);
-            let have = whl.is_file() && sha256_file(&whl)? == zsha;
+            let url = self.wheel_url(&zig.package, zv, &zpin.wheel).await?;
+            let whl = cache.join("downloads").join(inside(&zpin.wheel)?);
+            let have = whl.is_file() && sha256_file(&whl)? == zpin.sha256;
             if !have {
-                let sha = self.download(&url, &whl, zwheel).await?;
-                check_sha(&sha, zsha, zwheel)?;
+                let sha = self.download(&url, &whl, &zpin.wheel).await?;
+                check_sha(&sha, &zpin.sha256, &zpin.wheel)?;
             }
             let to = zig_dir.clone();
             tokio::task::spawn_blocking(move || -> Result<()> {
@@ -93,10 +96,10 @@ impl Setup {
         }
 
         let dest = self.opts.dir.join(inside(out)?);
-        let zig = zig_dir.join("ziglang").join("zig");
+        let zig = zig_dir.join(inside(&zpin.binary)?);
         let (stack, js_stack) = (pin("WB_STACK_SIZE")?, pin("WB_JS_STACK_SIZE")?);
         let (stack, js_stack) = (stack.to_string(), js_stack.to_string());
-        let want = e.sha256.clone();
+        let stamp = want.clone();
         log(format_args!(
             "{name}: compiling QuickJS-NG (rquickjs-sys {qv}) with zig {zv}; about a minute"
         ));
@@ -104,13 +107,9 @@ impl Setup {
             build_qjs(&zig, &qjs_dir, &cache, &stack, &js_stack, &dest, &want)
         })
         .await??;
-        self.stamps.record(out, &e.sha256);
+        self.stamps.record(out, &stamp);
         Ok(())
     }
-}
-
-fn here_tag() -> String {
-    format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH)
 }
 
 /// The `quickjs/` folder of a (hash-checked) crate, into `to/quickjs`.

