@@ -71,6 +71,9 @@ function Install-Wasmbox {
             $url = "https://github.com/$DefaultRepo/releases/latest/download"
         }
     }
+    if ($url -notmatch '^(https://|http://(127\.0\.0\.1|localhost|\[::1\])([:/]|$))') {
+        Write-Step "warning: $url is not https: the SHA-256 files come the same way, so they guard against a broken download, not a changed one"
+    }
     $dir = if ($env:WASMBOX_INSTALL_DIR) { $env:WASMBOX_INSTALL_DIR } else { Join-Path $HOME '.local\bin' }
     $tmp = Join-Path ([IO.Path]::GetTempPath()) ("wasmbox-install-" + [Guid]::NewGuid().ToString('N'))
     New-Item -ItemType Directory -Path $tmp | Out-Null

@@ -112,6 +112,10 @@ main() {
       url="https://github.com/$WASMBOX_REPO_DEFAULT/releases/latest/download"
     fi
   fi
+  case "$url" in
+    https://* | http://127.0.0.1[:/]* | http://localhost[:/]* | http://\[::1\][:/]*) ;;
+    *) say "warning: $url is not https: the SHA-256 files come the same way, so they guard against a broken download, not a changed one" ;;
+  esac
   dir=${WASMBOX_INSTALL_DIR:-${HOME:?HOME is not set}/.local/bin}
   tmp=$(mktemp -d 2>/dev/null || mktemp -d -t wasmbox)
   trap 'rm -rf "$tmp"' EXIT
