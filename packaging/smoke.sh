@@ -48,7 +48,16 @@ case "$target" in
   x86_64-unknown-linux-gnu) ;;
   aarch64-unknown-linux-gnu)
     apt_install qemu-user-static libc6-arm64-cross
-    runner=(qemu-aarch64-static -L /usr/aarch64-linux-gnu) ;;
+    # Go and zig start programs of their own (compile, link, zig's own children): the kernel
+    # must hand aarch64 programs to qemu too (binfmt_misc, which a container may lack).
+    binfmt=/proc/sys/fs/binfmt_misc
+    [ -e "$binfmt/register" ] || mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
+    if [ -e "$binfmt/register" ] && [ ! -e "$binfmt/qemu-aarch64" ]; then
+      sed 's|:[^:]*:[^:]*$|:/usr/bin/qemu-aarch64-static:F|' /usr/lib/binfmt.d/qemu-aarch64.conf > "$binfmt/register" ||
+        say "could not register qemu for aarch64 programs: Go and JavaScript setup will fail"
+    fi
+    export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
+    runner=(qemu-aarch64-static) ;;
   x86_64-pc-windows-gnu)
     apt_install wine64
     export WINEPREFIX="$work/wine" WINEDEBUG=-all

@@ -225,24 +225,6 @@ mod tests {
         (t, d)
     }
 
-    /// A link to a file or directory outside, made as the OS allows (Windows: a privilege a
-    /// user may lack, then the refusal cannot be exercised and says so).
-    fn link(target: &Path, at: &Path, directory: bool) -> bool {
-        #[cfg(unix)]
-        let made = {
-            let _ = directory;
-            std::os::unix::fs::symlink(target, at)
-        };
-        #[cfg(windows)]
-        let made = if directory {
-            std::os::windows::fs::symlink_dir(target, at)
-        } else {
-            std::os::windows::fs::symlink_file(target, at)
-        };
-        made.map_err(|e| eprintln!("no link could be made here ({e}): not exercised"))
-            .is_ok()
-    }
-
     #[test]
     fn an_entry_opens_but_a_link_to_outside_does_not() {
         let (t, d) = dir();
@@ -264,11 +246,11 @@ mod tests {
         for bad in ["..", ".", "sub/../plain"] {
             assert!(open_entry(&d, OsStr::new(bad), false).is_err(), "{bad}");
         }
-        if link(&outside.path().join("secret"), &t.path().join("f"), false) {
+        if crate::testing::symlink(outside.path().join("secret"), t.path().join("f")) {
             let e = open_entry(&d, OsStr::new("f"), false).unwrap_err();
             assert!(entry_changed(&e), "a file link: {e}");
         }
-        if link(outside.path(), &t.path().join("d"), true) {
+        if crate::testing::symlink(outside.path(), t.path().join("d")) {
             let e = open_entry(&d, OsStr::new("d"), true).unwrap_err();
             assert!(entry_changed(&e), "a directory link: {e}");
         }

@@ -393,7 +393,7 @@ mod tests {
         std::fs::write(root.join("one"), b"x").unwrap();
         let outside = tempfile::tempdir().unwrap();
         std::fs::write(outside.path().join("big"), vec![1u8; 1 << 20]).unwrap();
-        std::os::unix::fs::symlink(outside.path(), root.join("out")).unwrap();
+        assert!(crate::testing::symlink(outside.path(), root.join("out")));
         let got = measure(&root).unwrap();
         // 10 directories (a block and an entry each), an empty file (an entry), a one-byte file
         // (a block and an entry), a link (at least an entry); nothing of what it points at.

@@ -216,7 +216,7 @@ fn copy_file(from: File, out: &File, left: u64) -> io::Result<u64> {
     io::copy(&mut from, &mut out)
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
 

@@ -649,9 +649,15 @@ mod tests {
 
     #[test]
     fn symlinks_out_are_refused() {
-        let (_t, w) = ws();
-        std::os::unix::fs::symlink("/etc", w.host_workspace().join("out")).unwrap();
-        std::os::unix::fs::symlink("../../../../../../etc", w.host_workspace().join("up")).unwrap();
+        let (t, w) = ws();
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("passwd"), "host").unwrap();
+        if !crate::testing::symlink(&outside, w.host_workspace().join("out"))
+            || !crate::testing::symlink("../../outside", w.host_workspace().join("up"))
+        {
+            return;
+        }
         for p in ["out/passwd", "up/passwd"] {
             let e = w.read_bytes(p, 0, 10).unwrap_err();
             assert!(matches!(e, FsError::SymlinkEscape(_)), "{p}: {e}");
@@ -667,8 +673,11 @@ mod tests {
         let (t, w) = ws();
         let outside = t.path().join("outside");
         std::fs::create_dir(&outside).unwrap();
-        std::os::unix::fs::symlink("../../outside", w.host_tmp().join("up")).unwrap();
-        std::os::unix::fs::symlink(&outside, w.host_tmp().join("abs")).unwrap();
+        if !crate::testing::symlink("../../outside", w.host_tmp().join("up"))
+            || !crate::testing::symlink(&outside, w.host_tmp().join("abs"))
+        {
+            return;
+        }
         for p in ["/tmp/up/x", "/tmp/abs/x", "/tmp/up", "/tmp/abs/"] {
             let r = w.working_dir(p);
             assert!(matches!(r, Err(FsError::SymlinkEscape(_))), "{p}: {r:?}");
@@ -676,7 +685,7 @@ mod tests {
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
         // Inside /tmp, directories are still created, also through a symlink that stays in.
         std::fs::create_dir(w.host_tmp().join("real")).unwrap();
-        std::os::unix::fs::symlink("real", w.host_tmp().join("in")).unwrap();
+        assert!(crate::testing::symlink("real", w.host_tmp().join("in")));
         assert_eq!(w.working_dir("/tmp/a/b/").unwrap(), "/tmp/a/b");
         assert!(w.host_tmp().join("a/b").is_dir());
         assert_eq!(w.working_dir("/tmp/in/c").unwrap(), "/tmp/in/c");
@@ -754,6 +763,7 @@ mod tests {
         }
     }
 
+    #[cfg(unix)]
     #[test]
     fn fifos_are_refused_without_blocking() {
         let (_t, w) = ws();
