@@ -58,6 +58,7 @@ function Install-Wasmbox {
         default { throw "no wasmbox build for Windows on $arch (x86_64 only)" }
     }
     $target = 'x86_64-pc-windows-gnu'
+    if ($env:WASMBOX_VERSION) { $env:WASMBOX_VERSION = $env:WASMBOX_VERSION.TrimStart('v') }
 
     if ($env:WASMBOX_RELEASE_URL) {
         $url = $env:WASMBOX_RELEASE_URL.TrimEnd('/')

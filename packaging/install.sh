@@ -100,6 +100,7 @@ newest_version() { # SUMS TARGET
 
 main() {
   target=$(detect_target)
+  if [ -n "${WASMBOX_VERSION:-}" ]; then WASMBOX_VERSION=${WASMBOX_VERSION#v}; fi
   if [ -n "${WASMBOX_RELEASE_URL:-}" ]; then
     url=${WASMBOX_RELEASE_URL%/}
   else

@@ -114,7 +114,9 @@ import os, sys, time, zipfile
 work, name, dest, epoch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 stamp = time.gmtime(max(epoch, 315532800))[:6]
 with zipfile.ZipFile(dest + ".part", "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-    z.writestr(zipfile.ZipInfo(name + "/", date_time=stamp), b"")
+    folder = zipfile.ZipInfo(name + "/", date_time=stamp)
+    folder.external_attr = (0o40755 << 16) | 0x10  # a directory, rwxr-xr-x (and MS-DOS's flag)
+    z.writestr(folder, b"")
     for f in sorted(os.listdir(os.path.join(work, name))):
         info = zipfile.ZipInfo(f"{name}/{f}", date_time=stamp)
         info.external_attr = (0o100755 if f.endswith(".exe") else 0o100644) << 16
