@@ -59,10 +59,17 @@ case "$target" in
     export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
     runner=(qemu-aarch64-static) ;;
   x86_64-pc-windows-gnu)
-    apt_install wine64
+    apt_install wine64 wine gcc-mingw-w64-x86-64
     export WINEPREFIX="$work/wine" WINEDEBUG=-all
-    wine=$(command -v wine64 || command -v wine || echo /usr/lib/wine/wine64)
-    runner=("$wine")
+    runner=(wine)
+    # Wine 8 lacks bcryptprimitives.dll (Rust's std imports its ProcessPrng): a stand-in of
+    # packaging/wine/, in this prefix only.
+    sys32="$WINEPREFIX/drive_c/windows/system32"
+    if [ ! -f "$sys32/bcryptprimitives.dll" ]; then
+      wineboot -i >/dev/null 2>&1 || true
+      x86_64-w64-mingw32-gcc -O2 -shared -o "$sys32/bcryptprimitives.dll" \
+        packaging/wine/bcryptprimitives.c packaging/wine/bcryptprimitives.def -ladvapi32
+    fi
     path() { winepath -w "$1" 2>/dev/null; } ;;
   *) say "unknown target $target"; exit 2 ;;
 esac

@@ -226,6 +226,7 @@ async fn run_all(opts: Options) -> Result<()> {
         let first = ["python", "quickjs", "go"];
         first.iter().position(|f| f == name).unwrap_or(first.len())
     });
+    let mut failed = Vec::new();
     for (i, (name, e)) in wanted.iter().enumerate() {
         if let Status::Running { left, .. } = &mut *status() {
             *left = wanted.len() - i;
@@ -239,12 +240,18 @@ async fn run_all(opts: Options) -> Result<()> {
             k => Err(anyhow!("{name}: unknown kind {k:?} in the manifest")),
         };
         s.stamps.save()?;
-        // `false`: skipped, having said why (no pin for this platform).
-        if done.with_context(|| name.clone())? {
-            log(format_args!(
+        // `false`: skipped, having said why (no pin for this platform). A runtime that fails
+        // does not keep the others from a machine where they work.
+        match done {
+            Ok(true) => log(format_args!(
                 "{name}: ready ({:.1} s)",
                 t.elapsed().as_secs_f64()
-            ));
+            )),
+            Ok(false) => {}
+            Err(e) => {
+                log(format_args!("{name}: failed: {e:#}"));
+                failed.push(format!("{name}: {e:#}"));
+            }
         }
     }
     log(format_args!(
@@ -252,6 +259,9 @@ async fn run_all(opts: Options) -> Result<()> {
         start.elapsed().as_secs_f64(),
         s.opts.dir.display()
     ));
+    if !failed.is_empty() {
+        bail!("{}", failed.join("; "));
+    }
     Ok(())
 }
 
