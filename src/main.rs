@@ -242,19 +242,17 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         });
     }
-    // `run` with its language's runtime missing sets up that one alone, in the foreground: the
-    // answer comes before the others are fetched (`wasmbox setup`, or a `serve`, fetches them).
+    // `run` with its language's runtime missing sets up that one alone, in the foreground, into
+    // the checkout's or the user's folder: the answer comes before the others are fetched
+    // (`wasmbox setup`, or a `serve`, fetches them). A folder the user named is left as named.
+    let named = explicit_runtimes.is_some() || std::env::var_os("WASMBOX_RUNTIMES").is_some();
     if let Command::Run { language, .. } = &cli.command
+        && !named
         && std::env::var("WASMBOX_AUTO_SETUP").as_deref() != Ok("0")
         && let Some((name, file)) = runtime_of(language)
         && !config.runtimes_dir.join(file).is_file()
     {
-        let named = explicit_runtimes.is_some() || std::env::var_os("WASMBOX_RUNTIMES").is_some();
-        let dir = if named {
-            config.runtimes_dir.clone()
-        } else {
-            setup_dir.clone()
-        };
+        let dir = setup_dir.clone();
         eprintln!(
             "wasmbox: no {name} runtime yet: fetching it alone into {} (the others: `wasmbox setup`; WASMBOX_AUTO_SETUP=0 turns this off)",
             dir.display()

