@@ -273,7 +273,19 @@ impl ModuleCache {
         // SAFETY: the file is one this cache wrote atomically for this engine's key, in a
         // directory of the user's own; wasmtime still checks its header and engine settings, and
         // anything it refuses is recompiled.
-        match unsafe { Module::deserialize_file(engine, cwasm) } {
+        let loaded = unsafe { Module::deserialize_file(engine, cwasm) }.or_else(|mapped| {
+            // A file that cannot be mapped (wine, some network drives) is loaded from a copy in
+            // memory: no sharing of its pages between processes, but it runs.
+            let bytes = fs::read(cwasm).map_err(|_| mapped)?;
+            // SAFETY: as above, the same bytes.
+            let m = unsafe { Module::deserialize(engine, &bytes) }?;
+            tracing::debug!(
+                "{label}: {} loaded from memory, not mapped",
+                cwasm.display()
+            );
+            Ok::<_, wasmtime::Error>(m)
+        });
+        match loaded {
             Ok(m) => {
                 // Marks it used, for `prune_stale` in other processes and later ones.
                 let _ = set_mtime(cwasm, std::time::SystemTime::now());
