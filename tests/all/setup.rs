@@ -490,21 +490,9 @@ async fn a_binary_without_runtimes_says_to_run_setup() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_fetches_its_own_runtime_alone_first() {
     let dirs = Dirs::new();
-    let share = dirs.root().join("home/.local/share");
-    let user_rt = share.join("wasmbox/runtimes");
-    std::fs::create_dir_all(&user_rt).unwrap();
-    std::fs::write(user_rt.join(".verified.json"), "{}").unwrap();
     let mut cmd = tokio::process::Command::new(BIN);
-    cmd.args(["run", "-l", "python", "-c", "print(1)"])
-        .current_dir(dirs.root())
-        .env_remove("WASMBOX_RUNTIMES")
-        .env_remove("WASMBOX_AUTO_SETUP")
-        .env("HOME", dirs.root().join("home"))
-        .env("XDG_DATA_HOME", &share)
-        .env("WASMBOX_DATA", "none")
-        .env("WASMBOX_CACHE", dirs.root().join("cache"))
-        .env("WASMBOX_PACKAGE_INDEX", NO_INDEX)
-        .env("WASMBOX_CRATES_URL", NO_INDEX);
+    as_fresh_user(&mut cmd, &dirs, NO_INDEX);
+    cmd.args(["run", "-l", "python", "-c", "print(1)"]);
     let ran = finish(cmd).await;
     let stderr = &ran.stderr;
     assert!(!ran.status.success(), "{stderr}");
@@ -519,28 +507,32 @@ async fn run_fetches_its_own_runtime_alone_first() {
     );
 }
 
+/// `cmd` as a user whose own runtimes folder is chosen and empty (a stamp file and nothing else:
+/// the state after a bundle or `cargo install`), outside any checkout, fetching from `index`.
+fn as_fresh_user(cmd: &mut tokio::process::Command, dirs: &Dirs, index: &str) {
+    let share = dirs.root().join("home/.local/share");
+    let user_rt = share.join("wasmbox/runtimes");
+    std::fs::create_dir_all(&user_rt).unwrap();
+    std::fs::write(user_rt.join(".verified.json"), "{}").unwrap();
+    cmd.current_dir(dirs.root())
+        .env_remove("WASMBOX_RUNTIMES")
+        .env_remove("WASMBOX_AUTO_SETUP")
+        .env("HOME", dirs.root().join("home"))
+        .env("XDG_DATA_HOME", &share)
+        .env("WASMBOX_DATA", "none")
+        .env("WASMBOX_CACHE", dirs.root().join("cache"))
+        .env("WASMBOX_PACKAGE_INDEX", index)
+        .env("WASMBOX_CRATES_URL", index);
+}
+
 /// `wasmbox serve` with no runtimes in the user's folder (the state after a bundle or
 /// `cargo install`), so it sets itself up in the background from `index`.
 async fn serve_setting_itself_up(dirs: &Dirs, index: &str) -> Client {
     use rmcp::ServiceExt;
     use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-    let share = dirs.root().join("home/.local/share");
-    let user_rt = share.join("wasmbox/runtimes");
-    std::fs::create_dir_all(&user_rt).unwrap();
-    // A stamp file and nothing else: the user's folder is chosen, and every runtime is missing.
-    std::fs::write(user_rt.join(".verified.json"), "{}").unwrap();
     let transport = TokioChildProcess::new(tokio::process::Command::new(BIN).configure(|cmd| {
-        cmd.arg("serve")
-            .current_dir(dirs.root())
-            .env_remove("WASMBOX_RUNTIMES")
-            .env_remove("WASMBOX_AUTO_SETUP")
-            .env("HOME", dirs.root().join("home"))
-            .env("XDG_DATA_HOME", &share)
-            .env("WASMBOX_DATA", "none")
-            .env("WASMBOX_CACHE", dirs.root().join("cache"))
-            .env("WASMBOX_PACKAGE_INDEX", index)
-            .env("WASMBOX_CRATES_URL", index)
-            .stderr(Stdio::null());
+        as_fresh_user(cmd, dirs, index);
+        cmd.arg("serve").stderr(Stdio::null());
     }))
     .expect("spawning wasmbox serve");
     ().serve(transport).await.expect("MCP handshake")
