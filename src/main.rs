@@ -225,9 +225,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     let auto_setup = matches!(cli.command, Command::Serve { .. })
         && explicit_runtimes.is_none()
         && config.runtimes_dir == wasmbox::config::user_runtimes_dir()
-        && ["python/python-snapshot.wasm", "quickjs/qjs.wasm"]
+        && SET_UP
             .iter()
-            .any(|f| !config.runtimes_dir.join(f).is_file())
+            .any(|(_, f)| !config.runtimes_dir.join(f).is_file())
         && std::env::var("WASMBOX_AUTO_SETUP").as_deref() != Ok("0");
     if auto_setup {
         let opts = setup_options(config.runtimes_dir.clone(), &config);
@@ -409,11 +409,17 @@ async fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
 /// languages setup does not provide (a Go on PATH, bash in the cloud).
 fn runtime_of(language: &str) -> Option<(&'static str, &'static str)> {
     match wasmbox::lang::Language::parse(language).ok()? {
-        wasmbox::lang::Language::Python => Some(("python", "python/python-snapshot.wasm")),
-        wasmbox::lang::Language::JavaScript => Some(("quickjs", "quickjs/qjs.wasm")),
+        wasmbox::lang::Language::Python => Some(SET_UP[0]),
+        wasmbox::lang::Language::JavaScript => Some(SET_UP[1]),
         _ => None,
     }
 }
+
+/// The runtimes a binary sets up by itself, by setup name, and the file that says each is there.
+const SET_UP: [(&str, &str); 2] = [
+    ("python", "python/python-snapshot.wasm"),
+    ("quickjs", "quickjs/qjs.wasm"),
+];
 
 /// Where the generated HTTP token lives: the data directory, else the cache directory.
 fn config_dir(wasmbox: &Wasmbox) -> PathBuf {
