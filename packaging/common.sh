@@ -1,4 +1,4 @@
-# Helpers shared by packaging/release.sh and packaging/mcpb/pack.sh (sourced, bash).
+# Helpers shared by the packaging scripts (sourced, bash).
 # Nothing here builds: each takes a binary that exists.
 
 # The five release targets and what each is called elsewhere.
@@ -141,4 +141,15 @@ elif head[:2] == b"MZ" and len(head) >= 64:
 if got != want:
     sys.exit(f"{path} is {got[0]} for {got[1]}, not {want[0]} for {want[1]} ({target})")
 PY
+}
+
+# Installs the Debian packages not yet installed (sudo when not root); the caller's `say` reports.
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return
+  say "installing ${missing[*]} (Debian)"
+  local sudo=(); [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 }

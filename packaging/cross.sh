@@ -18,16 +18,8 @@ target="${1:?usage: cross.sh TARGET check|clippy|build|env}"
 action="${2:?usage: cross.sh TARGET check|clippy|build|env}"
 cd "$root"
 say() { echo "cross.sh: $*" >&2; }
-
-apt_install() {
-  local missing=()
-  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-  [ ${#missing[@]} -eq 0 ] && return
-  say "installing ${missing[*]} (Debian)"
-  local sudo=(); [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-  "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
-}
+# shellcheck source=packaging/common.sh
+. "$root/packaging/common.sh"
 
 # zig from the same pinned wheel the JavaScript build uses (the manifest's, for this machine's
 # platform as setup names it), unpacked under target/cross/.

@@ -17,16 +17,8 @@ cd "$root"
 start=$(date +%s)
 step() { echo "== smoke $target: $* ($(( $(date +%s) - start )) s)"; }
 say() { echo "smoke.sh: $*" >&2; }
-
-apt_install() {
-  local missing=()
-  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-  [ ${#missing[@]} -eq 0 ] && return
-  say "installing ${missing[*]} (Debian)"
-  local sudo=(); [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-  "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
-}
+# shellcheck source=packaging/common.sh
+. "$root/packaging/common.sh"
 
 case "$target" in
   *-apple-darwin)
