@@ -158,14 +158,30 @@ impl ModuleCache {
     }
 
     /// Loads the module identified by `source_key` (a hash of everything that determines its
-    /// bytes), calling `wasm` to produce the bytes only when no compiled copy is cached. Derived
-    /// modules (pre-initialised images) use this so they are built once, not on every start.
+    /// bytes), calling `wasm` to produce the bytes only when no compiled copy is cached.
     pub fn load_with<E: From<Error>>(
         &self,
         engine: &Engine,
         source_key: &str,
         label: &str,
         wasm: impl FnOnce() -> Result<Vec<u8>, E>,
+    ) -> Result<(Module, Origin), E> {
+        self.load_compiled(engine, source_key, label, || {
+            let bytes = wasm()?;
+            with_progress(label, bytes.len(), || engine.precompile_module(&bytes))
+                .map_err(|e| Error::Wasm(format!("compiling {label}: {e:#}")).into())
+        })
+    }
+
+    /// [`ModuleCache::load_with`] for a builder that compiles what it makes itself, with an
+    /// engine of `engine`'s settings: pre-initialised images, built once, not on every start
+    /// (`engine::snapshot::build_compiled`).
+    pub fn load_compiled<E: From<Error>>(
+        &self,
+        engine: &Engine,
+        source_key: &str,
+        label: &str,
+        compile: impl FnOnce() -> Result<Vec<u8>, E>,
     ) -> Result<(Module, Origin), E> {
         let key = Self::key(engine, source_key);
         let cwasm = self.compiled_path(engine, source_key);
@@ -185,10 +201,7 @@ impl ModuleCache {
                 return Ok((module, Origin::Cached));
             }
         }
-        let bytes = wasm()?;
-        let compiled = with_progress(label, bytes.len(), || engine.precompile_module(&bytes))
-            .map_err(|e| Error::Wasm(format!("compiling {label}: {e:#}")))?;
-        drop(bytes);
+        let compiled = compile()?;
         write_atomically(&cwasm, &compiled).map_err(|e| Error::io(&cwasm, e))?;
         drop(compiled);
         let module = self

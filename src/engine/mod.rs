@@ -72,12 +72,14 @@ pub fn build_engine(pooled_instances: u32, max_memory: usize) -> Result<Engine> 
     Ok(engine)
 }
 
-/// An engine for code that runs once (a snapshot's warm-up): the same settings, but Cranelift
-/// without optimisation, which compiles CPython about twice as fast. It has no epoch ticker, so
-/// its stores never time out.
-pub fn warmup_engine() -> Result<Engine> {
+/// An engine for code that runs once (an image's warm-up) or is only compiled (the image): the
+/// production settings, so what it compiles loads into the production engine, with no epoch
+/// ticker, so its stores never time out. `functions` is Cranelift's incremental cache.
+pub(crate) fn image_engine(functions: std::sync::Arc<dyn wasmtime::CacheStore>) -> Result<Engine> {
     let mut config = base_config(Strategy::Cranelift);
-    config.cranelift_opt_level(wasmtime::OptLevel::None);
+    config
+        .enable_incremental_compilation(functions)
+        .map_err(|e| Error::Wasm(format!("{e:#}")))?;
     Engine::new(&config).map_err(|e| Error::Wasm(format!("{e:#}")))
 }
 

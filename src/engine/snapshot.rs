@@ -2,6 +2,11 @@
 //! imported), and snapshotted with wasmtime-wizer into a new module whose memory already holds
 //! that state. Instances of the image start where the warm-up ended, copy-on-write.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
 use wasmtime::{Engine, Instance, Module, Store, Val};
 use wasmtime_wizer::{InstanceState, SnapshotVal, ValType, Wizer};
 
@@ -11,6 +16,102 @@ use super::{EngineError as Error, Result};
 /// What [`build`] makes of wizer's output, in every image cache key: a change to it must not
 /// reuse images built before. 2: mutable globals exported (`engine::globals`).
 pub const IMAGE_FORMAT: &str = "wasmbox-image-format-2";
+
+/// [`build`] on an engine of the production settings, and the snapshot compiled for the
+/// production engine (a `.cwasm`, as `Engine::precompile_module` writes).
+///
+/// The image and the instrumented module the warm-up ran hold the same function bodies (wizer
+/// changes data, globals and exports), so the warm-up's compile fills Cranelift's incremental
+/// cache and the image's takes each function from it: CPython is compiled once, not twice.
+pub fn build_compiled<T: Send + 'static, E: From<Error>>(
+    wasm: &[u8],
+    label: &str,
+    warm: impl FnOnce(&Module) -> Result<(Store<T>, Instance), E>,
+) -> Result<Vec<u8>, E> {
+    let (compiled, reuse) = compile_once(wasm, label, warm)?;
+    tracing::info!(
+        "{label}: {} functions compiled for the warm-up ({} MiB kept); the image took {} of its {} \
+         from them",
+        reuse.warm_up,
+        reuse.kept >> 20,
+        reuse.reused,
+        reuse.image,
+    );
+    Ok(compiled)
+}
+
+/// How much of an image's compile the warm-up's saved, in functions.
+#[derive(Debug)]
+struct Reuse {
+    warm_up: usize,
+    image: usize,
+    reused: usize,
+    /// Bytes the cache held for the image's compile.
+    kept: usize,
+}
+
+fn compile_once<T: Send + 'static, E: From<Error>>(
+    wasm: &[u8],
+    label: &str,
+    warm: impl FnOnce(&Module) -> Result<(Store<T>, Instance), E>,
+) -> Result<(Vec<u8>, Reuse), E> {
+    let functions = Arc::new(Functions::default());
+    let engine = super::image_engine(functions.clone())?;
+    let image = build(&engine, wasm, label, warm)?;
+    let (hits, warm_up) = functions.counts();
+    let kept = functions.bytes();
+    let compiled = with_progress(label, image.len(), || engine.precompile_module(&image))
+        .map_err(|e| Error::Wasm(format!("compiling {label}: {e:#}")))?;
+    let (all_hits, all_misses) = functions.counts();
+    let reused = all_hits - hits;
+    let reuse = Reuse {
+        warm_up,
+        image: reused + all_misses - warm_up,
+        reused,
+        kept,
+    };
+    Ok((compiled, reuse))
+}
+
+/// Cranelift's incremental cache for one image build, in memory: it lives as long as the build.
+#[derive(Debug, Default)]
+struct Functions {
+    compiled: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
+    hits: AtomicUsize,
+    misses: AtomicUsize,
+}
+
+impl Functions {
+    fn bytes(&self) -> usize {
+        let compiled = self.compiled.lock().unwrap();
+        compiled.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl wasmtime::CacheStore for Functions {
+    fn get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
+        let found = self.compiled.lock().unwrap().get(key).cloned();
+        let counter = if found.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found.map(Cow::Owned)
+    }
+
+    fn insert(&self, key: &[u8], value: Vec<u8>) -> bool {
+        self.compiled.lock().unwrap().insert(key.to_vec(), value);
+        true
+    }
+}
 
 /// Instruments `wasm`, lets `warm` instantiate and run it on `engine`, and returns the snapshot
 /// with its mutable globals exported, so sessions' state can be captured and restored.
@@ -85,5 +186,58 @@ impl<T: Send> InstanceState for Live<'_, T> {
             .get_memory(&mut *self.store, name)
             .expect("wizer names an exported memory");
         contents(memory.data(&*self.store))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GUEST: &str = r#"(module
+        (memory (export "memory") 1)
+        (global $n (mut i32) (i32.const 0))
+        (func (export "warm")
+            (global.set $n (i32.const 7))
+            (i32.store (i32.const 64) (i32.const 42))
+            (drop (memory.grow (i32.const 1))))
+        (func (export "n") (result i32) (global.get $n))
+        (func (export "at") (param i32) (result i32) (i32.load (local.get 0))))"#;
+
+    fn warmed(module: &Module) -> Result<(Store<()>, Instance)> {
+        let err = |e: wasmtime::Error| Error::Wasm(format!("{e:#}"));
+        let mut store = Store::new(module.engine(), ());
+        store.set_epoch_deadline(u64::MAX / 2);
+        let instance = Instance::new(&mut store, module, &[]).map_err(err)?;
+        instance
+            .get_typed_func::<(), ()>(&mut store, "warm")
+            .and_then(|f| f.call(&mut store, ()))
+            .map_err(err)?;
+        Ok((store, instance))
+    }
+
+    #[test]
+    fn the_image_takes_every_function_from_the_warm_up_and_loads_into_production_engines() {
+        let wasm = wat::parse_str(GUEST).unwrap();
+        let (compiled, reuse) = compile_once(&wasm, "test image", warmed).unwrap();
+        // The image's own few (one per data segment and exported global) are all it compiles.
+        assert!(reuse.warm_up > 0, "{reuse:?}");
+        assert!(reuse.reused >= reuse.warm_up, "{reuse:?}");
+        for engine in [
+            super::super::build_engine(0, 64 << 20).unwrap(),
+            super::super::build_engine(2, 64 << 20).unwrap(),
+        ] {
+            // SAFETY: bytes `Engine::precompile_module` just wrote, for these settings.
+            let module = unsafe { Module::deserialize(&engine, &compiled) }
+                .expect("a production engine loads the image");
+            let mut store = Store::new(&engine, ());
+            store.set_epoch_deadline(u64::MAX / 2);
+            let instance = Instance::new(&mut store, &module, &[]).unwrap();
+            let n = instance.get_typed_func::<(), i32>(&mut store, "n").unwrap();
+            let at = instance
+                .get_typed_func::<i32, i32>(&mut store, "at")
+                .unwrap();
+            assert_eq!(n.call(&mut store, ()).unwrap(), 7, "the warm-up's globals");
+            assert_eq!(at.call(&mut store, 64).unwrap(), 42, "the warm-up's memory");
+        }
     }
 }

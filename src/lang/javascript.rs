@@ -19,8 +19,8 @@ use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::prefault::PageSet;
+use crate::engine::snapshot;
 use crate::engine::threads::on_guest_stack;
-use crate::engine::{self, snapshot};
 
 /// `wb_eval` flag: print the completion value (REPL style), for sessions.
 const FLAG_ECHO: i32 = 1;
@@ -268,21 +268,20 @@ fn load_image(
     path: &Path,
 ) -> Result<((Module, Origin), String)> {
     let key = image_key(&cache.file_sha256(path)?);
-    let loaded = cache.load_with(engine, &key, "javascript image", || {
+    let loaded = cache.load_compiled(engine, &key, "javascript image", || {
         crate::engine::progress::stage("building the pre-initialised javascript image (once)");
         let wasm = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let warm_engine = engine::warmup_engine()?;
-        let linker = crate::lang::door::linker(&warm_engine)?;
         // The snapshot freezes wasi-libc's preopen table and cwd: the warm-up uses the
         // production preopen layout (a fresh /workspace and /tmp, as every sandbox has, and
         // the mount slots with nothing lent below them, as on every server).
         on_guest_stack("javascript image", || {
-            snapshot::build(&warm_engine, &wasm, "javascript image", |module| {
+            snapshot::build_compiled(&wasm, "javascript image", |module| {
+                let linker = crate::lang::door::linker(module.engine())?;
                 let spec = GuestSpec {
                     mounts: super::mounts::none(),
                     ..spec()
                 };
-                let mut guest = Guest::unarmed(&warm_engine, &spec, &BTreeMap::new())?;
+                let mut guest = Guest::unarmed(module.engine(), &spec, &BTreeMap::new())?;
                 let instance = linker
                     .instantiate(&mut guest.store, module)
                     .map_err(engine_err)?;

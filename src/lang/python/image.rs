@@ -10,8 +10,8 @@ use wasmtime::{Engine, Module};
 use super::turn::{PROLOGUE, call, literal, prologue, run_turn};
 use super::{Error, PythonPaths, Result, base_env};
 use crate::engine::cache::{ModuleCache, Origin};
+use crate::engine::snapshot;
 use crate::engine::threads::on_guest_stack;
-use crate::engine::{self, snapshot};
 use crate::lang::door::linker;
 use crate::lang::guest::{Guest, GuestSpec, engine_err};
 
@@ -72,7 +72,7 @@ pub(super) fn load_image(
         &cache.file_sha256(&paths.stdlib_dir.join("python315.zip"))?,
         preimport,
     );
-    let loaded = cache.load_with(engine, &key, "python image", || {
+    let loaded = cache.load_compiled(engine, &key, "python image", || {
         tracing::info!(
             "python: building the pre-initialised image (imports {}); this happens once",
             preimport.join(", ")
@@ -86,22 +86,21 @@ pub(super) fn load_image(
 }
 
 /// Instantiates the shipped snapshot under wizer, runs the prologue and the imports with the
-/// production imports and preopens, and snapshots the result.
+/// production imports and preopens, snapshots the result and compiles it.
 fn build_image(paths: &PythonPaths, preimport: &[String]) -> Result<Vec<u8>> {
     let wasm = std::fs::read(&paths.module).map_err(|e| Error::io(&paths.module, e))?;
-    let warm_engine = engine::warmup_engine()?;
-    let linker = linker(&warm_engine)?;
     let code = warmup_code(preimport);
     let started = std::time::Instant::now();
     // The warm-up needs a guest thread's stack, like every wasm run.
     on_guest_stack("image warm-up", || {
-        snapshot::build(&warm_engine, &wasm, "python image", |module| {
+        snapshot::build_compiled(&wasm, "python image", |module| {
+            let linker = linker(module.engine())?;
             // The slots only: the image's preopen table is every server's, whatever it lends.
             let spec = GuestSpec {
                 mounts: crate::lang::mounts::none(),
                 ..paths.spec()
             };
-            let mut guest = Guest::unarmed(&warm_engine, &spec, &BTreeMap::new())?;
+            let mut guest = Guest::unarmed(module.engine(), &spec, &BTreeMap::new())?;
             let instance = linker
                 .instantiate(&mut guest.store, module)
                 .map_err(engine_err)?;
