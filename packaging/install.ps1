@@ -1,5 +1,5 @@
 # Installs wasmbox on Windows (x86_64) from a release: downloads the zip, checks its SHA-256,
-# puts wasmbox.exe in ~\.local\bin, runs `wasmbox setup` and prints the lines that point an
+# puts wasmbox.exe in ~\.local\bin, runs `wasmbox setup` and `wasmbox prepare` and prints the lines that point an
 # assistant's client at it.
 #
 #   powershell -ExecutionPolicy ByPass -c "irm https://github.com/OWNER/wasmbox/releases/latest/download/install.ps1 | iex"
@@ -12,6 +12,9 @@
 #   WASMBOX_INSTALL_DIR  where wasmbox.exe goes (default: ~\.local\bin)
 #   WASMBOX_SKIP_SETUP=1 do not run `wasmbox setup` (a server sets itself up on first start)
 #   WASMBOX_SETUP_ONLY   runtimes for setup to fetch now, e.g. python (setup's --only)
+#   WASMBOX_SKIP_PREPARE=1 do not compile the runtimes now (the Python image: ~2 min on 2 cores;
+#                        a server then builds it on first start, and clients give up on a call
+#                        after 60 s)
 #
 # The release URL is a plain folder of files, which any static file server can serve (this is
 # packaging/release.sh's OUTDIR): SHA256SUMS, and wasmbox-<version>-x86_64-pc-windows-gnu.zip
@@ -79,6 +82,7 @@ function Install-Wasmbox {
     $tmp = Join-Path ([IO.Path]::GetTempPath()) ("wasmbox-install-" + [Guid]::NewGuid().ToString('N'))
     New-Item -ItemType Directory -Path $tmp | Out-Null
     $clock = [Diagnostics.Stopwatch]::StartNew()
+    $prepared = $false
     try {
         $sums = @{}
         $version = $env:WASMBOX_VERSION
@@ -153,6 +157,20 @@ function Install-Wasmbox {
         try { & $exe @setupArgs } finally { Pop-Location }
         if ($LASTEXITCODE -ne 0) { throw "wasmbox setup failed; wasmbox is installed, run again: & '$exe' setup" }
         Write-Step "setup done in $([int]$clock.Elapsed.TotalSeconds) s"
+        if ($env:WASMBOX_SKIP_PREPARE -eq '1') {
+            Write-Step 'prepare skipped (WASMBOX_SKIP_PREPARE=1): the first start builds the Python image'
+        } else {
+            $clock.Restart()
+            Write-Step "compiling the runtimes once (the Python image: about 2 minutes on 2 cores), so an assistant's first call answers at once"
+            Push-Location $dir
+            try { & $exe prepare } finally { Pop-Location }
+            if ($LASTEXITCODE -eq 0) {
+                $prepared = $true
+                Write-Step "prepare done in $([int]$clock.Elapsed.TotalSeconds) s"
+            } else {
+                Write-Step "wasmbox prepare failed; the first start will try again, or run: & '$exe' prepare"
+            }
+        }
     }
 
     $json = $exe.Replace('\', '\\')
@@ -172,8 +190,8 @@ Point your assistant at it:
     { "servers": { "wasmbox": { "type": "stdio", "command": "$json", "args": ["serve"] } } }
 
 Try it:  & "$exe" run --language python --code 'print(6*7)'
-(the first Python run prepares its image once: a few minutes on 2 cores)
 "@
+    if (-not $prepared) { Write-Host '(the first Python run prepares its image once: about 2 minutes on 2 cores)' }
     $userPath = [Environment]::GetEnvironmentVariable('Path', 'User')
     $onPath = @($env:Path -split ';') + @("$userPath" -split ';') | Where-Object { $_.TrimEnd('\') -ieq $dir.TrimEnd('\') }
     if (-not $onPath) {

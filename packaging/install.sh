@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs wasmbox from a release: downloads the archive for this machine, checks its SHA-256,
-# puts the binary in ~/.local/bin, runs `wasmbox setup` and prints the lines that point an
-# assistant's client at it.
+# puts the binary in ~/.local/bin, runs `wasmbox setup` and `wasmbox prepare` and prints the
+# lines that point an assistant's client at it.
 #
 #   curl -fsSL https://github.com/OWNER/wasmbox/releases/latest/download/install.sh | sh
 #
@@ -15,6 +15,9 @@
 #   WASMBOX_INSTALL_DIR  where the binary goes (default: $HOME/.local/bin)
 #   WASMBOX_SKIP_SETUP=1 do not run `wasmbox setup` (a server sets itself up on first start)
 #   WASMBOX_SETUP_ONLY   runtimes for setup to fetch now, e.g. python (setup's --only)
+#   WASMBOX_SKIP_PREPARE=1 do not compile the runtimes now (the Python image: ~2 min on 2 cores;
+#                        a server then builds it on first start, and clients give up on a call
+#                        after 60 s)
 #
 # The release URL is a plain folder of files, which any static file server can serve (this is
 # packaging/release.sh's OUTDIR): SHA256SUMS, and for each target
@@ -185,6 +188,18 @@ main() {
       (cd "$dir" && "$exe" setup) || die "wasmbox setup failed; wasmbox is installed, run again: $exe setup"
     fi
     say "setup done in $(($(now) - t1)) s"
+    if [ "${WASMBOX_SKIP_PREPARE:-0}" = 1 ]; then
+      say "prepare skipped (WASMBOX_SKIP_PREPARE=1): the first start builds the Python image"
+    else
+      t2=$(now)
+      say "compiling the runtimes once (the Python image: about 2 minutes on 2 cores), so an assistant's first call answers at once"
+      if (cd "$dir" && "$exe" prepare); then
+        prepared=1
+        say "prepare done in $(($(now) - t2)) s"
+      else
+        say "wasmbox prepare failed; the first start will try again, or run: $exe prepare"
+      fi
+    fi
   fi
 
   cat <<EOF
@@ -203,8 +218,8 @@ Point your assistant at it:
     { "servers": { "wasmbox": { "type": "stdio", "command": "$exe", "args": ["serve"] } } }
 
 Try it:  $exe run --language python --code 'import pandas as pd; print(pd.__version__)'
-(the first Python run prepares its image once: a few minutes on 2 cores)
 EOF
+  [ "${prepared:-0}" = 1 ] || echo "(the first Python run prepares its image once: about 2 minutes on 2 cores)"
   case ":${PATH:-}:" in
     *":$dir:"*) ;;
     *)

@@ -121,6 +121,8 @@ runtimes="$home/.local/share/wasmbox/runtimes"
 [ -f "$runtimes/.verified.json" ] || fail "setup left no $runtimes/.verified.json"
 download_s=$(sed -n 's/.*installed .* in \([0-9]*\) s$/\1/p' "$work/good.log")
 setup_s=$(sed -n 's/.*setup done in \([0-9]*\) s$/\1/p' "$work/good.log")
+prepare_s=$(sed -n 's/.*prepare done in \([0-9]*\) s$/\1/p' "$work/good.log")
+[ -n "$prepare_s" ] || fail "install.sh did not run wasmbox prepare"
 
 say "first answer: pandas, from the empty HOME"
 t=$(ms)
@@ -141,6 +143,7 @@ printf '%-46s %8s s\n' \
   "install.sh in all" "$install_total_s" \
   "  download, check, install" "${download_s:-?}" \
   "  wasmbox setup" "${setup_s:-?}" \
-  "first answer (pandas, Python image built)" "$answer_s" \
+  "  wasmbox prepare (the Python image built)" "$prepare_s" \
+  "first answer (pandas)" "$answer_s" \
   "second answer" "$again_s"
 echo "test-install.sh: passed"
