@@ -1,5 +1,7 @@
 //! Languages: the request and result types every adapter shares, and one adapter per language.
 
+// The disk probe is the unit tests' and the fuzz targets' (the `testing` feature).
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod disk_probe;
 pub mod door;

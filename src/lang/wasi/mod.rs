@@ -460,7 +460,9 @@ originals! {
 }
 
 /// A module with a memory of its own (4 pages) that exports each call [`Originals`] lists,
-/// forwarding to the import: a guest that makes exactly the calls a test asks for.
+/// forwarding to the import: a guest that makes exactly the calls a test asks for (the disk
+/// probe's).
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub fn calls_wat() -> String {
     forwarders_wat()
