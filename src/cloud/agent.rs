@@ -45,6 +45,9 @@ pub struct Sandbox {
     token: Arc<Mutex<Option<Token>>>,
 }
 
+/// A cloud sandbox's environment variables, by name.
+pub type Vars = BTreeMap<String, String>;
+
 /// Refresh a token this close to its expiry before using it.
 const TOKEN_MARGIN_SECS: i64 = 60;
 
@@ -387,18 +390,14 @@ impl Sandbox {
     }
 
     /// `GET /env`: the sandbox-global variables (secret-looking values come back masked).
-    pub async fn env_get(&self) -> Result<BTreeMap<String, String>, CloudError> {
+    pub async fn env_get(&self) -> Result<Vars, CloudError> {
         let c = self.agent_call("env read", Method::GET, "/env");
         Ok(self.send_json::<EnvVars>(c).await?.env_vars)
     }
 
     /// `PATCH /env` (merge) or `PUT /env` (replace all). Returns the variables as the agent
     /// reports them afterwards.
-    pub async fn env_set(
-        &self,
-        vars: &BTreeMap<String, String>,
-        merge: bool,
-    ) -> Result<BTreeMap<String, String>, CloudError> {
+    pub async fn env_set(&self, vars: &Vars, merge: bool) -> Result<Vars, CloudError> {
         let (method, body, retry) = if merge {
             (
                 Method::PATCH,

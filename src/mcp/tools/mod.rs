@@ -522,7 +522,7 @@ impl WasmboxServer {
                 }
                 Some(q) = asked => {
                     if context.client_capabilities().and_then(|c| c.elicitation).is_none() {
-                        let _ = q.answer.send(Err("the MCP client does not support elicitation".into()));
+                        let _ = q.answer.send(Err(crate::reach::tools::CannotAsk::NoElicitation));
                         continue;
                     }
                     let message = q.message.clone();
