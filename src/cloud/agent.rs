@@ -1,5 +1,5 @@
 //! A running HOPX sandbox and the agent inside it (Bearer JWT): code runs, commands, background
-//! processes, files and environment. The token lives here, shared by clones of a [`Sandbox`],
+//! processes, files and environment. The token lives here, shared by clones of an [`Agent`],
 //! because every agent call may have to refresh it.
 
 use std::collections::BTreeMap;
@@ -36,9 +36,9 @@ impl Token {
     }
 }
 
-/// A running sandbox and its agent. Cheap to clone; clones share the token.
+/// A running HOPX sandbox, reached through its agent. Cheap to clone; clones share the token.
 #[derive(Clone, Debug)]
-pub struct Sandbox {
+pub struct Agent {
     cloud: Cloud,
     id: String,
     agent_url: String,
@@ -54,9 +54,9 @@ const TOKEN_MARGIN_SECS: i64 = 60;
 /// How long a background start or a file check may take.
 const SHORT_CALL: Duration = Duration::from_secs(10);
 
-impl Sandbox {
+impl Agent {
     pub(super) fn new(cloud: Cloud, id: String, agent_url: String, token: Option<Token>) -> Self {
-        Sandbox {
+        Agent {
             cloud,
             id,
             agent_url,
@@ -214,7 +214,7 @@ impl Sandbox {
         .await
     }
 
-    /// `POST /commands/run` as `bash -c <command>`. Sent once, like [`Sandbox::execute`].
+    /// `POST /commands/run` as `bash -c <command>`. Sent once, like [`Agent::execute`].
     pub async fn run_command(&self, req: &CommandRequest) -> Result<CloudExec, CloudError> {
         self.run(
             "command run",
