@@ -7,6 +7,7 @@
 //! error result (`isError`) rather than a protocol error. A tool on a sandbox takes its
 //! [`Target`] itself and handles a cloud sandbox in place (`cloud.rs` has what those paths share).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -74,6 +75,16 @@ pub struct WasmboxServer {
     owner: Arc<str>,
     /// Runs waiting for the person's consent while their call answered `input_required`.
     parked: Arc<crate::mcp::consent::ParkedRuns>,
+    /// The tools whose answers may take more than `WASMBOX_RESULT_BYTES`, as their groups
+    /// declare them.
+    budgets: Arc<HashMap<String, Budget>>,
+}
+
+/// What a tool's answer may take beyond `WASMBOX_RESULT_BYTES`.
+#[derive(Clone, Copy, Debug)]
+enum Budget {
+    /// Also the base64 of the bytes it may return (`WASMBOX_DOWNLOAD_BYTES`).
+    Download,
 }
 
 /// The owner of an HTTP request (a token), put in its extensions by the transport's auth layer,
@@ -138,6 +149,7 @@ impl WasmboxServer {
             tools: Arc::new(tools),
             owner: LOCAL_OWNER.into(),
             parked: Default::default(),
+            budgets: Arc::new(Self::file_budgets().into_iter().collect()),
         }
     }
 
@@ -179,13 +191,13 @@ impl WasmboxServer {
         r
     }
 
-    /// The most bytes a tool's text block may take: `WASMBOX_RESULT_BYTES`, and for
-    /// `file_download` also the base64 of the bytes it may return (`WASMBOX_DOWNLOAD_BYTES`).
+    /// The most bytes a tool's text block may take: `WASMBOX_RESULT_BYTES`, and more for the
+    /// tools whose group declares a [`Budget`].
     fn budget(&self, tool: &str) -> usize {
         let c = self.wasmbox.config();
-        match tool {
-            "file_download" => c.result_bytes + c.download_bytes.div_ceil(3) * 4,
-            _ => c.result_bytes,
+        match self.budgets.get(tool) {
+            Some(Budget::Download) => c.result_bytes + c.download_bytes.div_ceil(3) * 4,
+            None => c.result_bytes,
         }
     }
 
