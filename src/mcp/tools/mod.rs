@@ -42,6 +42,7 @@ mod sandboxes;
 mod schema;
 mod server;
 mod snapshots;
+mod vm;
 
 const INSTRUCTIONS: &str = "wasmbox runs code locally in WebAssembly sandboxes, offline, with \
 the HOPX MCP tool surface. execute_code (mode 'isolated', the default) runs a one-shot in a fresh \
@@ -157,6 +158,7 @@ impl WasmboxServer {
     pub fn router() -> ToolRouter<Self> {
         Self::guest_router()
             + Self::sandbox_router()
+            + Self::vm_router()
             + Self::state_router()
             + Self::file_router()
             + Self::env_router()
