@@ -349,11 +349,11 @@ impl Wasmbox {
                     quota_note(&sb2, &mut r);
                     r
                 });
-                j.finish(r.map_err(|e| e.to_string()));
+                j.finish(r.map_err(|e| e.to_string().into()));
             },
         );
         if let Err(e) = started {
-            job.finish(Err(e.to_string()));
+            job.finish(Err(e.to_string().into()));
             return Err(e);
         }
         Ok(job)
@@ -384,7 +384,9 @@ impl Wasmbox {
                     job.id.clone(),
                     Box::pin(async move {
                         j.wait().await;
-                        j.result().unwrap_or_else(|| Err("the job vanished".into()))
+                        j.result()
+                            .unwrap_or_else(|| Err("the job vanished".into()))
+                            .map_err(String::from)
                     }),
                 )
             }

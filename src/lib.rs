@@ -83,7 +83,7 @@ pub struct CloudSandbox {
     pub template: String,
     pub created_at: std::time::SystemTime,
     pub timeout_seconds: Option<u64>,
-    pub sandbox: cloud::Sandbox,
+    pub sandbox: cloud::Agent,
     /// Its place within the cloud sandbox limits, given back when it is forgotten.
     _slot: cloud::CloudSlot,
 }

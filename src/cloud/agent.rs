@@ -1,5 +1,5 @@
 //! A running HOPX sandbox and the agent inside it (Bearer JWT): code runs, commands, background
-//! processes, files and environment. The token lives here, shared by clones of a [`Sandbox`],
+//! processes, files and environment. The token lives here, shared by clones of an [`Agent`],
 //! because every agent call may have to refresh it.
 
 use std::collections::BTreeMap;
@@ -36,14 +36,17 @@ impl Token {
     }
 }
 
-/// A running sandbox and its agent. Cheap to clone; clones share the token.
+/// A running HOPX sandbox, reached through its agent. Cheap to clone; clones share the token.
 #[derive(Clone, Debug)]
-pub struct Sandbox {
+pub struct Agent {
     cloud: Cloud,
     id: String,
     agent_url: String,
     token: Arc<Mutex<Option<Token>>>,
 }
+
+/// A cloud sandbox's environment variables, by name.
+pub type Vars = BTreeMap<String, String>;
 
 /// Refresh a token this close to its expiry before using it.
 const TOKEN_MARGIN_SECS: i64 = 60;
@@ -51,9 +54,9 @@ const TOKEN_MARGIN_SECS: i64 = 60;
 /// How long a background start or a file check may take.
 const SHORT_CALL: Duration = Duration::from_secs(10);
 
-impl Sandbox {
+impl Agent {
     pub(super) fn new(cloud: Cloud, id: String, agent_url: String, token: Option<Token>) -> Self {
-        Sandbox {
+        Agent {
             cloud,
             id,
             agent_url,
@@ -211,7 +214,7 @@ impl Sandbox {
         .await
     }
 
-    /// `POST /commands/run` as `bash -c <command>`. Sent once, like [`Sandbox::execute`].
+    /// `POST /commands/run` as `bash -c <command>`. Sent once, like [`Agent::execute`].
     pub async fn run_command(&self, req: &CommandRequest) -> Result<CloudExec, CloudError> {
         self.run(
             "command run",
@@ -387,18 +390,14 @@ impl Sandbox {
     }
 
     /// `GET /env`: the sandbox-global variables (secret-looking values come back masked).
-    pub async fn env_get(&self) -> Result<BTreeMap<String, String>, CloudError> {
+    pub async fn env_get(&self) -> Result<Vars, CloudError> {
         let c = self.agent_call("env read", Method::GET, "/env");
         Ok(self.send_json::<EnvVars>(c).await?.env_vars)
     }
 
     /// `PATCH /env` (merge) or `PUT /env` (replace all). Returns the variables as the agent
     /// reports them afterwards.
-    pub async fn env_set(
-        &self,
-        vars: &BTreeMap<String, String>,
-        merge: bool,
-    ) -> Result<BTreeMap<String, String>, CloudError> {
+    pub async fn env_set(&self, vars: &Vars, merge: bool) -> Result<Vars, CloudError> {
         let (method, body, retry) = if merge {
             (
                 Method::PATCH,

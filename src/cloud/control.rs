@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde::Deserialize;
 
-use super::agent::{Sandbox, Token};
+use super::agent::{Agent, Token};
 use super::config::{CloudConfig, ONESHOT_TEMPLATE};
 use super::error::CloudError;
 use super::transport::{Auth, Call, Retry};
@@ -231,7 +231,7 @@ impl Cloud {
 
     /// Creates a sandbox and waits until its agent is healthy. The caller owns it (and deletes
     /// it); [`Cloud::with_sandbox`] is the form that always cleans up.
-    pub async fn start(&self, req: &CreateSandbox) -> Result<Sandbox, CloudError> {
+    pub async fn start(&self, req: &CreateSandbox) -> Result<Agent, CloudError> {
         let info = self.create_sandbox(req).await?;
         let mut guard = DeleteGuard {
             cloud: self.clone(),
@@ -251,7 +251,7 @@ impl Cloud {
 
     /// Attaches to an existing sandbox: looks it up (resuming it if paused), gets a fresh token
     /// and waits for its agent.
-    pub async fn connect(&self, id: &str) -> Result<Sandbox, CloudError> {
+    pub async fn connect(&self, id: &str) -> Result<Agent, CloudError> {
         let info = self.get_sandbox(id).await?;
         match info.status.as_str() {
             "running" => {}
@@ -274,7 +274,7 @@ impl Cloud {
             op: "sandbox lookup",
             message: format!("sandbox {id} has no public_host or direct_url"),
         })?;
-        let sb = Sandbox::new(self.clone(), id.to_string(), url, None);
+        let sb = Agent::new(self.clone(), id.to_string(), url, None);
         sb.refresh_token().await?;
         sb.wait_healthy(Instant::now() + self.inner.cfg.ready_timeout)
             .await?;
@@ -290,7 +290,7 @@ impl Cloud {
         body: F,
     ) -> Result<T, CloudError>
     where
-        F: FnOnce(Sandbox) -> Fut,
+        F: FnOnce(Agent) -> Fut,
         Fut: Future<Output = Result<T, CloudError>>,
     {
         let _slot = self.reserve(None)?;
@@ -337,11 +337,7 @@ impl Cloud {
 
     /// From a create reply to a usable sandbox: agent URL (polling the lookup while it is
     /// still being created), token, healthy agent, create-time env applied.
-    async fn ready(
-        &self,
-        mut info: SandboxInfo,
-        req: &CreateSandbox,
-    ) -> Result<Sandbox, CloudError> {
+    async fn ready(&self, mut info: SandboxInfo, req: &CreateSandbox) -> Result<Agent, CloudError> {
         let cfg = &self.inner.cfg;
         let deadline = Instant::now() + cfg.ready_timeout;
         let token = info
@@ -369,7 +365,7 @@ impl Cloud {
             info = self.get_sandbox(&info.id).await?;
         };
         let needs_token = token.is_none();
-        let sb = Sandbox::new(self.clone(), info.id, url, token);
+        let sb = Agent::new(self.clone(), info.id, url, token);
         if needs_token {
             sb.refresh_token().await?;
         }

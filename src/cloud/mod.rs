@@ -3,7 +3,7 @@
 //!
 //! [`route`] decides where a request runs and fails fast, before any network I/O, when the cloud
 //! is needed but unavailable; [`Cloud`] is the REST client for HOPX's control plane and in-sandbox
-//! agent ([`Sandbox`]), with [`Cloud::oneshot`] for create → run → always delete. The client is
+//! agent ([`Agent`]), with [`Cloud::oneshot`] for create → run → always delete. The client is
 //! four files, as `hopx-api.md` is read: `wire` (request and reply shapes), `transport` (how any
 //! call is sent, retried and its errors read), `control` (sandboxes and their limits) and `agent`
 //! (what runs inside one).
@@ -16,7 +16,7 @@ mod route;
 mod transport;
 mod wire;
 
-pub use agent::Sandbox;
+pub use agent::Agent;
 pub use config::{AGENT_REPLY_CAP, CONTROL_REPLY_CAP, CloudConfig, DEFAULT_BASE_URL, Secret};
 pub use control::{Cloud, CloudSlot};
 pub use error::CloudError;

@@ -13,7 +13,7 @@ use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::agent::Sandbox;
+use super::agent::Agent;
 use super::config::{AGENT_REPLY_CAP, CONTROL_REPLY_CAP};
 use super::control::Cloud;
 use super::error::CloudError;
@@ -36,7 +36,7 @@ pub(super) enum Auth<'a> {
     /// The control plane: `X-API-Key`.
     Key,
     /// A sandbox's agent: its Bearer token, refreshed when it is about to expire or refused.
-    Token(&'a Sandbox),
+    Token(&'a Agent),
 }
 
 pub(super) struct Call<'a> {

@@ -14,7 +14,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::reach::tools::Consent;
+use crate::reach::tools::{CannotAsk, Consent};
 
 /// The one answer asked for.
 #[derive(Deserialize, JsonSchema)]
@@ -28,16 +28,17 @@ rmcp::elicit_safe!(Approval);
 pub struct PeerConsent(pub Peer<RoleServer>);
 
 impl Consent for PeerConsent {
-    fn ask(&self, message: String) -> Pin<Box<dyn Future<Output = Result<bool, String>> + Send>> {
+    fn ask(
+        &self,
+        message: String,
+    ) -> Pin<Box<dyn Future<Output = Result<bool, CannotAsk>> + Send>> {
         let peer = self.0.clone();
         Box::pin(async move {
             match peer.elicit::<Approval>(message).await {
                 Ok(a) => Ok(a.is_some_and(|a| a.approve)),
                 Err(ElicitationError::UserDeclined | ElicitationError::UserCancelled) => Ok(false),
-                Err(ElicitationError::CapabilityNotSupported) => {
-                    Err("the MCP client does not support elicitation".into())
-                }
-                Err(e) => Err(format!("asking the MCP client failed: {e}")),
+                Err(ElicitationError::CapabilityNotSupported) => Err(CannotAsk::NoElicitation),
+                Err(e) => Err(CannotAsk::Failed(e)),
             }
         })
     }
@@ -61,7 +62,7 @@ pub fn call_consent() -> Option<Arc<dyn Consent>> {
 /// A question from a run to the person, and where the answer goes.
 pub struct Question {
     pub message: String,
-    pub answer: oneshot::Sender<Result<bool, String>>,
+    pub answer: oneshot::Sender<Result<bool, CannotAsk>>,
 }
 
 /// Asks through the tool call that owns the run (protocol 2026-07-28 and later, where a server
@@ -70,7 +71,10 @@ pub struct Question {
 pub struct AskThroughCall(pub mpsc::UnboundedSender<Question>);
 
 impl Consent for AskThroughCall {
-    fn ask(&self, message: String) -> Pin<Box<dyn Future<Output = Result<bool, String>> + Send>> {
+    fn ask(
+        &self,
+        message: String,
+    ) -> Pin<Box<dyn Future<Output = Result<bool, CannotAsk>> + Send>> {
         let (tx, rx) = oneshot::channel();
         let sent = self.0.send(Question {
             message,
@@ -78,13 +82,9 @@ impl Consent for AskThroughCall {
         });
         Box::pin(async move {
             if sent.is_err() {
-                return Err(
-                    "the tool call that started this run has ended, so there is no one to ask"
-                        .into(),
-                );
+                return Err(CannotAsk::CallEnded);
             }
-            rx.await
-                .unwrap_or_else(|_| Err("the client did not come back with an answer".into()))
+            rx.await.unwrap_or(Err(CannotAsk::NoAnswer))
         })
     }
 }
@@ -93,7 +93,7 @@ impl Consent for AskThroughCall {
 /// client's retry of the call (with `requestState`) takes it up again.
 pub struct Parked {
     pub run: tokio::task::JoinHandle<rmcp::model::CallToolResult>,
-    pub answer: oneshot::Sender<Result<bool, String>>,
+    pub answer: oneshot::Sender<Result<bool, CannotAsk>>,
     pub questions: mpsc::UnboundedReceiver<Question>,
     pub cancel: Arc<crate::engine::limits::Stop>,
     pub owner: Arc<str>,
@@ -147,12 +147,11 @@ pub fn input_required(message: String, token: String) -> rmcp::model::InputRequi
 }
 
 /// The person's answer in a retry's `inputResponses`.
-pub fn answer_of(responses: Option<&rmcp::model::InputResponses>) -> Result<bool, String> {
+pub fn answer_of(responses: Option<&rmcp::model::InputResponses>) -> Result<bool, CannotAsk> {
     let Some(r) = responses.and_then(|r| r.get("consent")) else {
-        return Err("the retry brought no answer for consent".into());
+        return Err(CannotAsk::NoneInRetry);
     };
-    let r: ElicitResult = serde_json::from_value(r.clone())
-        .map_err(|e| format!("the answer for consent is not an elicitation result: {e}"))?;
+    let r: ElicitResult = serde_json::from_value(r.clone()).map_err(CannotAsk::NotElicitation)?;
     Ok(r.action == ElicitationAction::Accept
         && r.content
             .as_ref()

@@ -1,6 +1,7 @@
 //! Which addresses are inside the machine's networks: a request the server makes for someone
 //! else (a webhook, a guest's HTTP) must not reach them unless the person running it said so.
 
+use std::error::Error;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
@@ -63,8 +64,8 @@ pub type Lookup = Arc<
         + Sync,
 >;
 
-/// Whether a request may connect to an address, and if not, why.
-pub type IpCheck = Arc<dyn Fn(IpAddr) -> Result<(), String> + Send + Sync>;
+/// Whether a request may connect to an address, and if not, why (each check's own error).
+pub type IpCheck = Arc<dyn Fn(IpAddr) -> Result<(), Box<dyn Error + Send + Sync>> + Send + Sync>;
 
 /// The system's resolver.
 pub fn system_lookup() -> Lookup {
@@ -120,7 +121,7 @@ pub fn checked_client(check: IpCheck, lookup: Lookup) -> reqwest::Result<reqwest
 }
 
 /// The resolver's refusal, if that is what ended a request.
-pub fn refusal<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Refused> {
+pub fn refusal<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a Refused> {
     let mut cur = Some(e);
     while let Some(err) = cur {
         if let Some(r) = err.downcast_ref::<Refused>() {

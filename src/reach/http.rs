@@ -98,8 +98,16 @@ pub fn check_url(reach: &Reach, url: &Url) -> Result<(), Failure> {
     Ok(())
 }
 
+/// An address inside the machine's networks, which a guest's request may not reach.
+#[derive(Debug, thiserror::Error)]
+#[error("{ip} is {kind}, inside the machine's networks: refused unless {ALLOW_PRIVATE}=1")]
+struct PrivateAddr {
+    ip: IpAddr,
+    kind: &'static str,
+}
+
 /// Whether a guest's request may connect to `ip`, and if not, why.
-fn check_ip(ip: IpAddr, allow_private: bool) -> Result<(), String> {
+fn check_ip(ip: IpAddr, allow_private: bool) -> Result<(), PrivateAddr> {
     if allow_private {
         return Ok(());
     }
@@ -110,9 +118,7 @@ fn check_ip(ip: IpAddr, allow_private: bool) -> Result<(), String> {
         private_kind(ip)
     };
     match kind {
-        Some(kind) => Err(format!(
-            "{ip} is {kind}, inside the machine's networks: refused unless {ALLOW_PRIVATE}=1"
-        )),
+        Some(kind) => Err(PrivateAddr { ip, kind }),
         None => Ok(()),
     }
 }
@@ -120,7 +126,7 @@ fn check_ip(ip: IpAddr, allow_private: bool) -> Result<(), String> {
 /// The client guests' requests go through.
 pub fn client(allow_private: bool) -> reqwest::Result<reqwest::Client> {
     checked_client(
-        Arc::new(move |ip| check_ip(ip, allow_private)),
+        Arc::new(move |ip| Ok(check_ip(ip, allow_private)?)),
         system_lookup(),
     )
 }

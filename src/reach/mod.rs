@@ -15,7 +15,7 @@ pub mod tools;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use policy::{ALLOW_HOSTS, HostList, HostPattern};
+pub use policy::{ALLOW_HOSTS, BadPattern, HostList, HostPattern};
 
 /// `WASMBOX_ALLOW_PRIVATE_HOSTS`: names the flag in refusals.
 pub const ALLOW_PRIVATE: &str = "WASMBOX_ALLOW_PRIVATE_HOSTS";
@@ -39,7 +39,54 @@ pub struct ReachConfig {
     /// take: 16 MiB.
     pub tool_bytes: usize,
     /// A setting that did not parse: the server refuses to start with it.
-    pub error: Option<String>,
+    pub error: Option<BadSetting>,
+}
+
+/// A reach setting that did not parse.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum BadSetting {
+    #[error("{ALLOW_HOSTS}: {0}")]
+    Hosts(BadPattern),
+    #[error(transparent)]
+    Secrets(secrets::BadSecret),
+}
+
+/// Why the server's reach could not be made, or a run's could not be narrowed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReachError {
+    #[error(transparent)]
+    Setting(BadSetting),
+    #[error("building the guests' HTTP client: {0}")]
+    Client(reqwest::Error),
+    #[error(transparent)]
+    McpConfig(tools::config::ConfigError),
+    #[error("allow_hosts: {0}")]
+    AllowHosts(BadPattern),
+    #[error(
+        "allow_hosts may only narrow what the server allows, and {wider} is not within {ALLOW_HOSTS}={}",
+        server_list(.server)
+    )]
+    Wider {
+        wider: HostPattern,
+        server: HostList,
+    },
+    #[error("{why} (within this sandbox's allow_hosts: {list})")]
+    WithinSandbox { why: Box<ReachError>, list: String },
+}
+
+/// The server's list as a refusal shows it.
+fn server_list(hosts: &HostList) -> String {
+    if hosts.is_empty() {
+        "(empty: guest network is off)".to_string()
+    } else {
+        hosts.to_string()
+    }
+}
+
+impl From<ReachError> for String {
+    fn from(e: ReachError) -> Self {
+        e.to_string()
+    }
 }
 
 impl ReachConfig {
@@ -52,12 +99,13 @@ impl ReachConfig {
         let (hosts, error) = match std::env::var(ALLOW_HOSTS) {
             Ok(v) => match HostList::parse(&v) {
                 Ok(h) => (h, None),
-                Err(e) => (HostList::default(), Some(format!("{ALLOW_HOSTS}: {e}"))),
+                Err(e) => (HostList::default(), Some(BadSetting::Hosts(e))),
             },
             Err(_) => (HostList::default(), None),
         };
         let (secrets, error) = match (error, secrets::from_env()) {
-            (Some(e), _) | (None, Err(e)) => (Vec::new(), Some(e)),
+            (Some(e), _) => (Vec::new(), Some(e)),
+            (None, Err(e)) => (Vec::new(), Some(BadSetting::Secrets(e))),
             (None, Ok(s)) => (s, None),
         };
         Self {
@@ -105,16 +153,15 @@ impl std::fmt::Debug for Reach {
 
 impl Reach {
     /// The server's reach, with the client its requests go through.
-    pub fn new(config: ReachConfig) -> Result<Self, String> {
+    pub fn new(config: ReachConfig) -> Result<Self, ReachError> {
         if let Some(e) = &config.error {
-            return Err(e.clone());
+            return Err(ReachError::Setting(e.clone()));
         }
-        let client = http::client(config.allow_private)
-            .map_err(|e| format!("building the guests' HTTP client: {e}"))?;
+        let client = http::client(config.allow_private).map_err(ReachError::Client)?;
         let tools = match &config.mcp_config {
             None => None,
             Some(path) => Some(Arc::new(tools::CodeTools::new(
-                tools::config::load(path)?,
+                tools::config::load(path).map_err(ReachError::McpConfig)?,
                 config.tool_bytes,
             ))),
         };
@@ -147,7 +194,7 @@ impl Reach {
 
     /// This reach inside a sandbox created with `allow_hosts` (each within the server's list):
     /// the hosts both allow; the caller's code tools and consent stay.
-    pub fn within_sandbox<S: AsRef<str>>(&self, allow_hosts: &[S]) -> Result<Self, String> {
+    pub fn within_sandbox<S: AsRef<str>>(&self, allow_hosts: &[S]) -> Result<Self, ReachError> {
         let server = Self {
             hosts: self.config.hosts.clone(),
             narrowed: false,
@@ -159,22 +206,20 @@ impl Reach {
         }
         theirs.narrowed(&self.hosts.items()).map_err(|e| {
             let list: Vec<&str> = allow_hosts.iter().map(AsRef::as_ref).collect();
-            format!(
-                "{e} (within this sandbox's allow_hosts: {})",
-                list.join(",")
-            )
+            ReachError::WithinSandbox {
+                why: Box::new(e),
+                list: list.join(","),
+            }
         })
     }
 
     /// This reach with its hosts narrowed to `allow_hosts`, each of which must be within the
     /// server's list.
-    pub fn narrowed<S: AsRef<str>>(&self, allow_hosts: &[S]) -> Result<Self, String> {
-        let list = HostList::from_items(allow_hosts).map_err(|e| format!("allow_hosts: {e}"))?;
-        let hosts = self.hosts.narrow(list).map_err(|wider| {
-            format!(
-                "allow_hosts may only narrow what the server allows, and {wider} is not within {ALLOW_HOSTS}={}",
-                if self.hosts.is_empty() { "(empty: guest network is off)".to_string() } else { self.hosts.to_string() }
-            )
+    pub fn narrowed<S: AsRef<str>>(&self, allow_hosts: &[S]) -> Result<Self, ReachError> {
+        let list = HostList::from_items(allow_hosts).map_err(ReachError::AllowHosts)?;
+        let hosts = self.hosts.narrow(list).map_err(|wider| ReachError::Wider {
+            wider,
+            server: self.hosts.clone(),
         })?;
         Ok(Self {
             hosts,

@@ -16,9 +16,20 @@ pub struct HostPattern {
     port: Option<u16>,
 }
 
+/// A host pattern that does not parse, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("host pattern {text:?}: {why}")]
+pub struct BadPattern {
+    text: String,
+    why: &'static str,
+}
+
 impl HostPattern {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let bad = |why: &str| format!("host pattern {text:?}: {why}");
+    pub fn parse(text: &str) -> Result<Self, BadPattern> {
+        let bad = |why: &'static str| BadPattern {
+            text: text.to_string(),
+            why,
+        };
         let t = text.trim();
         let (host, port) = if let Some(rest) = t.strip_prefix('[') {
             let (h, tail) = rest.split_once(']').ok_or_else(|| bad("no closing ]"))?;
@@ -128,7 +139,7 @@ impl fmt::Display for HostPattern {
 pub struct HostList(Vec<HostPattern>);
 
 impl HostList {
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, BadPattern> {
         text.split([',', ' ', '\n', '\t'])
             .filter(|s| !s.trim().is_empty())
             .map(HostPattern::parse)
@@ -136,7 +147,7 @@ impl HostList {
             .map(Self)
     }
 
-    pub fn from_items<S: AsRef<str>>(items: &[S]) -> Result<Self, String> {
+    pub fn from_items<S: AsRef<str>>(items: &[S]) -> Result<Self, BadPattern> {
         items
             .iter()
             .map(|s| HostPattern::parse(s.as_ref()))

@@ -9,7 +9,7 @@
 //! [`carried`] decodes a URL to find the value in forms it does not, so that no hop to a host
 //! outside the secret's list carries it.
 
-use super::policy::{HostList, HostPattern};
+use super::policy::{BadPattern, HostList, HostPattern};
 
 /// The setting, for errors that name it.
 pub const SECRETS: &str = "WASMBOX_SECRETS";
@@ -37,9 +37,22 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// An entry of `WASMBOX_SECRETS` that does not hold, and why.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum BadSecret {
+    #[error("{SECRETS}: {0:?} names no hosts (NAME@host, e.g. GITHUB_TOKEN@api.github.com)")]
+    NoHosts(String),
+    #[error("{SECRETS}: {0:?} is not a variable name")]
+    BadName(String),
+    #[error("{SECRETS}: {0}")]
+    Host(BadPattern),
+    #[error("{SECRETS}: {0} is not set in the server's environment")]
+    Unset(String),
+}
+
 /// Reads `WASMBOX_SECRETS`: comma-separated `NAME@host[|host...]`, each `NAME` a variable of
 /// the server's environment.
-pub fn from_env() -> Result<Vec<Secret>, String> {
+pub fn from_env() -> Result<Vec<Secret>, BadSecret> {
     let Ok(spec) = std::env::var(SECRETS) else {
         return Ok(Vec::new());
     };
@@ -49,28 +62,28 @@ pub fn from_env() -> Result<Vec<Secret>, String> {
 pub(crate) fn parse(
     spec: &str,
     lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Vec<Secret>, String> {
+) -> Result<Vec<Secret>, BadSecret> {
     let tag: [u8; 8] = rand_bytes();
     let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
     spec.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|entry| {
-            let (name, hosts) = entry.split_once('@').ok_or_else(|| {
-                format!("{SECRETS}: {entry:?} names no hosts (NAME@host, e.g. GITHUB_TOKEN@api.github.com)")
-            })?;
+            let (name, hosts) = entry
+                .split_once('@')
+                .ok_or_else(|| BadSecret::NoHosts(entry.to_string()))?;
             let name = name.trim();
             if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                return Err(format!("{SECRETS}: {name:?} is not a variable name"));
+                return Err(BadSecret::BadName(name.to_string()));
             }
             let hosts = hosts
                 .split('|')
                 .map(HostPattern::parse)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("{SECRETS}: {e}"))?;
+                .map_err(BadSecret::Host)?;
             let value = lookup(name)
                 .filter(|v| !v.is_empty())
-                .ok_or_else(|| format!("{SECRETS}: {name} is not set in the server's environment"))?;
+                .ok_or_else(|| BadSecret::Unset(name.to_string()))?;
             Ok(Secret {
                 name: name.to_string(),
                 forms: forms(&value),
@@ -261,7 +274,9 @@ mod tests {
             ("MISSING@x.com", "is not set"),
             ("TOKEN@*", "host pattern"),
         ] {
-            let e = parse(spec, |n| (n == "TOKEN").then(|| "v".to_string())).unwrap_err();
+            let e = parse(spec, |n| (n == "TOKEN").then(|| "v".to_string()))
+                .unwrap_err()
+                .to_string();
             assert!(e.starts_with(SECRETS) && e.contains(why), "{spec}: {e}");
         }
     }

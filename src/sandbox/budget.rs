@@ -274,16 +274,38 @@ impl Drop for Reservation {
 /// Admits a session's state file before it is written (or refuses it, saying why): what it
 /// returns holds the room until the file is in place.
 pub trait StateGate: Send + Sync {
-    fn admit(&self, path: &Path, bytes: u64) -> Result<Option<Reservation>, String>;
+    fn admit(&self, path: &Path, bytes: u64) -> Result<Option<Reservation>, StateRefused>;
+}
+
+/// Why a session's state may not be saved.
+#[derive(Clone, Copy, Debug, thiserror::Error)]
+pub enum StateRefused {
+    #[error(
+        "its state would take {bytes} bytes, over the {max} one session may save \
+         (WASMBOX_STATE_MB)"
+    )]
+    OverCap { bytes: u64, max: u64 },
+    /// Over the owner's budget, saving a sandbox's own session.
+    #[error("the saved state is refused: {0}")]
+    Saved(Over),
+    /// Over the owner's budget, saving a session into a snapshot.
+    #[error("the snapshot is refused: {0}")]
+    Snapshot(Over),
+}
+
+impl From<StateRefused> for String {
+    fn from(e: StateRefused) -> Self {
+        e.to_string()
+    }
 }
 
 /// The one cap every saved session has, whatever else its gate checks.
-fn within_cap(bytes: u64, max_state: u64) -> Result<(), String> {
+fn within_cap(bytes: u64, max_state: u64) -> Result<(), StateRefused> {
     if bytes > max_state {
-        return Err(format!(
-            "its state would take {bytes} bytes, over the {max_state} one session may save \
-             (WASMBOX_STATE_MB)"
-        ));
+        return Err(StateRefused::OverCap {
+            bytes,
+            max: max_state,
+        });
     }
     Ok(())
 }
@@ -295,7 +317,7 @@ pub struct OwnerGate {
 }
 
 impl StateGate for OwnerGate {
-    fn admit(&self, path: &Path, bytes: u64) -> Result<Option<Reservation>, String> {
+    fn admit(&self, path: &Path, bytes: u64) -> Result<Option<Reservation>, StateRefused> {
         within_cap(bytes, self.sandboxes.config.max_state_bytes)?;
         let sbs = &self.sandboxes;
         sbs.snapshots
@@ -304,7 +326,7 @@ impl StateGate for OwnerGate {
                 sbs.owner_used(&self.owner, Some(path))
             })
             .map(Some)
-            .map_err(|o| format!("the saved state is refused: {o}"))
+            .map_err(StateRefused::Saved)
     }
 }
 
@@ -316,7 +338,7 @@ pub struct SnapshotGate {
 }
 
 impl StateGate for SnapshotGate {
-    fn admit(&self, _path: &Path, bytes: u64) -> Result<Option<Reservation>, String> {
+    fn admit(&self, _path: &Path, bytes: u64) -> Result<Option<Reservation>, StateRefused> {
         within_cap(bytes, self.sandboxes.config.max_state_bytes)?;
         let r = &self.reservation;
         self.sandboxes
@@ -326,7 +348,7 @@ impl StateGate for SnapshotGate {
                 self.sandboxes.owner_used(&r.owner, None)
             })
             .map(|()| None)
-            .map_err(|o| format!("the snapshot is refused: {o}"))
+            .map_err(StateRefused::Snapshot)
     }
 }
 

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::lang::guest::WORKSPACE_GUEST;
 
-use super::lent::{lent_at, list_slot};
+use super::host_folders::{lent_at, list_slot};
 pub use crate::engine::disk::Quota;
 use crate::engine::disk::{DiskBudget, Over};
 pub use crate::fit::{json_prefix, text_window};

@@ -39,6 +39,30 @@ pub struct JobInfo {
     pub output_truncated: bool,
 }
 
+/// Why a background job did not run to an end, as the job keeps it: cut to its share of
+/// output, or replaced by a note once its sandbox drops that output.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct JobFailed(String);
+
+impl From<String> for JobFailed {
+    fn from(why: String) -> Self {
+        JobFailed(why)
+    }
+}
+
+impl From<&str> for JobFailed {
+    fn from(why: &str) -> Self {
+        JobFailed(why.to_string())
+    }
+}
+
+impl From<JobFailed> for String {
+    fn from(e: JobFailed) -> Self {
+        e.0
+    }
+}
+
 /// One background execution.
 pub struct Job {
     pub id: String,
@@ -48,7 +72,7 @@ pub struct Job {
     started: Instant,
     pub stop: Arc<Stop>,
     output: (CappedOutput, CappedOutput),
-    end: Mutex<Option<(Result<ExecResult, String>, SystemTime)>>,
+    end: Mutex<Option<(Result<ExecResult, JobFailed>, SystemTime)>>,
     done: tokio::sync::watch::Sender<bool>,
     /// The sandbox's account of its ended jobs' output, once the job is added to a sandbox.
     kept_in: OnceLock<Arc<KeptOutput>>,
@@ -79,7 +103,7 @@ impl Job {
     }
 
     /// Ends the job with `result`, of which it keeps [`JOB_KEPT_OUTPUT`] of output.
-    pub fn finish(self: &Arc<Self>, result: Result<ExecResult, String>) {
+    pub fn finish(self: &Arc<Self>, result: Result<ExecResult, JobFailed>) {
         let result = match result {
             Ok(mut r) => {
                 if fit_json(&mut r.stdout, &mut r.stderr, JOB_KEPT_OUTPUT) {
@@ -90,7 +114,7 @@ impl Job {
                 Ok(r)
             }
             Err(mut e) => {
-                fit_json(&mut String::new(), &mut e, JOB_KEPT_OUTPUT);
+                fit_json(&mut String::new(), &mut e.0, JOB_KEPT_OUTPUT);
                 Err(e)
             }
         };
@@ -116,7 +140,7 @@ impl Job {
         }
         let size = match &*self.end.lock().unwrap() {
             Some((Ok(r), _)) => json_len(&r.stdout) + json_len(&r.stderr),
-            Some((Err(e), _)) => json_len(e),
+            Some((Err(e), _)) => json_len(&e.0),
             None => return,
         };
         kept.ended(self, size);
@@ -135,7 +159,7 @@ impl Job {
                 r.stderr = note;
                 r.truncated = true;
             }
-            Some((Err(e), _)) => *e = note,
+            Some((Err(e), _)) => e.0 = note,
             None => {}
         }
     }
@@ -157,7 +181,7 @@ impl Job {
     }
 
     /// The result, once ended.
-    pub fn result(&self) -> Option<Result<ExecResult, String>> {
+    pub fn result(&self) -> Option<Result<ExecResult, JobFailed>> {
         self.end.lock().unwrap().as_ref().map(|(r, _)| r.clone())
     }
 
@@ -225,7 +249,7 @@ impl Job {
                     Err(e) => {
                         info.status = "failed".into();
                         info.exit_code = Some(1);
-                        info.stderr = out(e);
+                        info.stderr = out(&e.0);
                         info.success = Some(false);
                     }
                 }

@@ -19,8 +19,8 @@
 pub mod budget;
 pub mod copy;
 pub mod fs;
+mod host_folders;
 pub mod jobs;
-mod lent;
 mod meta;
 mod quarantine;
 mod registry;

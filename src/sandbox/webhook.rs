@@ -46,23 +46,32 @@ pub fn check_url(url: &str, cfg: &WebhookConfig) -> Result<Url> {
         Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
         None => return Err(bad("it has no host")),
     };
-    check_ip(ip, cfg).map_err(|why| bad(&why))?;
+    check_ip(ip, cfg).map_err(|why| bad(&why.to_string()))?;
     Ok(parsed)
 }
 
+/// Why a webhook may not reach an address.
+#[derive(Debug, thiserror::Error)]
+enum AddrRefused {
+    #[error("{LOOPBACK_ONLY}")]
+    NotLoopback,
+    #[error(
+        "{ip} is {kind}; such addresses stay refused under WASMBOX_WEBHOOK_ALLOW_ANY=1 unless WASMBOX_WEBHOOK_ALLOW_PRIVATE=1 is set too"
+    )]
+    Private { ip: IpAddr, kind: &'static str },
+}
+
 /// Whether a webhook may reach `ip`, and if not, why.
-fn check_ip(ip: IpAddr, cfg: &WebhookConfig) -> std::result::Result<(), String> {
+fn check_ip(ip: IpAddr, cfg: &WebhookConfig) -> std::result::Result<(), AddrRefused> {
     let ip = ip.to_canonical();
     if ip.is_loopback() {
         return Ok(());
     }
     if !cfg.allow_any_host {
-        return Err(LOOPBACK_ONLY.into());
+        return Err(AddrRefused::NotLoopback);
     }
     match private_kind(ip) {
-        Some(kind) if !cfg.allow_private => Err(format!(
-            "{ip} is {kind}; such addresses stay refused under WASMBOX_WEBHOOK_ALLOW_ANY=1 unless WASMBOX_WEBHOOK_ALLOW_PRIVATE=1 is set too"
-        )),
+        Some(kind) if !cfg.allow_private => Err(AddrRefused::Private { ip, kind }),
         _ => Ok(()),
     }
 }
@@ -76,7 +85,7 @@ pub fn client(cfg: &WebhookConfig) -> reqwest::Result<reqwest::Client> {
 
 fn client_with(cfg: &WebhookConfig, lookup: Lookup) -> reqwest::Result<reqwest::Client> {
     let cfg = cfg.clone();
-    checked_client(Arc::new(move |ip| check_ip(ip, &cfg)), lookup)
+    checked_client(Arc::new(move |ip| Ok(check_ip(ip, &cfg)?)), lookup)
 }
 
 /// The signing key: configured, or a random one kept in `<cache>/webhook-secret` (mode 0600)

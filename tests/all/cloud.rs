@@ -71,7 +71,7 @@ fn cloud(fake: &FakeHopx) -> Cloud {
 }
 
 /// A code-interpreter sandbox started in the fake cloud.
-async fn started(cloud: &Cloud) -> Sandbox {
+async fn started(cloud: &Cloud) -> Agent {
     cloud
         .start(&CreateSandbox::new("code-interpreter"))
         .await

@@ -92,18 +92,23 @@ struct EitherId {
     sandbox_id: Option<String>,
 }
 
-impl TryFrom<EitherId> for IdArgs {
-    type Error = String;
+/// Why `id` and `sandbox_id` do not name one sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum IdError {
+    #[error("id {id:?} and sandbox_id {other:?} name different sandboxes: give one")]
+    Different { id: String, other: String },
+    #[error("missing field `id` (the sandbox id; `sandbox_id` also does)")]
+    Missing,
+}
 
-    fn try_from(a: EitherId) -> Result<Self, String> {
+impl TryFrom<EitherId> for IdArgs {
+    type Error = IdError;
+
+    fn try_from(a: EitherId) -> Result<Self, IdError> {
         match (a.id, a.sandbox_id) {
-            (Some(id), Some(other)) if id != other => Err(format!(
-                "id {id:?} and sandbox_id {other:?} name different sandboxes: give one"
-            )),
+            (Some(id), Some(other)) if id != other => Err(IdError::Different { id, other }),
             (Some(id), _) | (None, Some(id)) => Ok(Self { id }),
-            (None, None) => {
-                Err("missing field `id` (the sandbox id; `sandbox_id` also does)".into())
-            }
+            (None, None) => Err(IdError::Missing),
         }
     }
 }

@@ -15,6 +15,7 @@ use super::{Target, WasmboxServer};
 use crate::lang::guest::WORKSPACE_GUEST;
 use crate::lang::python::literal;
 use crate::sandbox::Sandbox;
+use crate::sandbox::fs::FsError;
 
 fn default_max_processes() -> i64 {
     100
@@ -257,7 +258,7 @@ impl WasmboxServer {
         };
         let code = match read {
             Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(run_error("Command execution failed", e)),
+            Ok(Err(e)) => return Err(run_error("Command execution failed", e.to_string())),
             Err(e) => {
                 tracing::error!("reading a command's script did not finish: {e}");
                 let msg = "reading the script failed unexpectedly; the server log has the details";
@@ -306,9 +307,16 @@ impl WasmboxServer {
     }
 }
 
+/// A `pip install` option the local install does not take.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "pip option {0} is not supported by wasmbox's local install (it installs pure-Python packages by name, e.g. pip install NAME==VERSION)"
+)]
+struct PipOption(String);
+
 /// The requirements of `pip install ...` (also `pip3`, `python -m pip`), or the option it
 /// does not take; `None`: not a pip install.
-fn pip_install(command: &str) -> Option<Result<Vec<String>, String>> {
+fn pip_install(command: &str) -> Option<Result<Vec<String>, PipOption>> {
     let argv = shlex::split(command)?;
     let rest = match argv
         .iter()
@@ -337,9 +345,7 @@ fn pip_install(command: &str) -> Option<Result<Vec<String>, String>> {
             continue;
         }
         if a.starts_with('-') {
-            return Some(Err(format!(
-                "pip option {a} is not supported by wasmbox's local install (it installs pure-Python packages by name, e.g. pip install NAME==VERSION)"
-            )));
+            return Some(Err(PipOption(a.clone())));
         }
         out.push(a.clone());
     }
@@ -352,7 +358,7 @@ impl WasmboxServer {
         &self,
         sb: &std::sync::Arc<Sandbox>,
         command: &str,
-        pip: Result<Vec<String>, String>,
+        pip: Result<Vec<String>, PipOption>,
     ) -> Result<Json<ExecReply>, ToolError> {
         let started = std::time::Instant::now();
         let installed = match pip {
@@ -361,7 +367,7 @@ impl WasmboxServer {
                 .install_packages(sb, &reqs)
                 .await
                 .map_err(|e| e.to_string()),
-            Err(e) => Err(e),
+            Err(e) => Err(e.to_string()),
         };
         let (stdout, stderr, code) = match installed {
             Ok(out) => (super::packages::pip_line(&out), String::new(), 0),
@@ -389,15 +395,13 @@ fn command_code(
     cmd: &crate::cloud::LocalCommand,
     cwd: &str,
     limit: usize,
-) -> Result<String, String> {
+) -> Result<String, FsError> {
     use crate::cloud::Program;
     match (&cmd.program, cmd.language) {
         (Program::File(path), crate::Language::Python) => {
             let full = join_guest(cwd, path);
             // runpy reads it in the guest (which decodes it, PEP 263); here only its kind and size.
-            sb.fs
-                .check_script(&full, limit)
-                .map_err(|e| e.to_string())?;
+            sb.fs.check_script(&full, limit)?;
             let mut argv = vec![path.clone()];
             argv.extend(cmd.args.iter().cloned());
             Ok(format!(
@@ -415,8 +419,7 @@ fn command_code(
         (Program::File(path), _) => sb
             .fs
             .read_script(&join_guest(cwd, path), limit)
-            .map(|(_, text)| text)
-            .map_err(|e| e.to_string()),
+            .map(|(_, text)| text),
     }
 }
 

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::args::{Parameters, lenient, lenient_opt};
 use super::error::ToolError;
 use super::reply::{Json, fit_list, on_disk, pretty, shown};
-use super::{Target, WasmboxServer};
+use super::{Budget, Target, WasmboxServer};
 use crate::lang::guest::WORKSPACE_GUEST;
 use crate::sandbox::fs::FsError;
 
@@ -143,6 +143,16 @@ pub struct FileStatus {
     /// removed or created.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+}
+
+impl WasmboxServer {
+    /// The file tools whose answers may take more than `WASMBOX_RESULT_BYTES`, by tool.
+    pub(super) fn file_budgets() -> Vec<(String, Budget)> {
+        vec![(
+            Self::file_download_tool_attr().name.into(),
+            Budget::Download,
+        )]
+    }
 }
 
 #[tool_router(router = file_router, vis = "pub(super)")]

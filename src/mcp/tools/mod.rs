@@ -7,6 +7,7 @@
 //! error result (`isError`) rather than a protocol error. A tool on a sandbox takes its
 //! [`Target`] itself and handles a cloud sandbox in place (`cloud.rs` has what those paths share).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -41,6 +42,7 @@ mod sandboxes;
 mod schema;
 mod server;
 mod snapshots;
+mod vm;
 
 const INSTRUCTIONS: &str = "wasmbox runs code locally in WebAssembly sandboxes, offline, with \
 the HOPX MCP tool surface. execute_code (mode 'isolated', the default) runs a one-shot in a fresh \
@@ -74,6 +76,16 @@ pub struct WasmboxServer {
     owner: Arc<str>,
     /// Runs waiting for the person's consent while their call answered `input_required`.
     parked: Arc<crate::mcp::consent::ParkedRuns>,
+    /// The tools whose answers may take more than `WASMBOX_RESULT_BYTES`, as their groups
+    /// declare them.
+    budgets: Arc<HashMap<String, Budget>>,
+}
+
+/// What a tool's answer may take beyond `WASMBOX_RESULT_BYTES`.
+#[derive(Clone, Copy, Debug)]
+enum Budget {
+    /// Also the base64 of the bytes it may return (`WASMBOX_DOWNLOAD_BYTES`).
+    Download,
 }
 
 /// The owner of an HTTP request (a token), put in its extensions by the transport's auth layer,
@@ -138,6 +150,7 @@ impl WasmboxServer {
             tools: Arc::new(tools),
             owner: LOCAL_OWNER.into(),
             parked: Default::default(),
+            budgets: Arc::new(Self::file_budgets().into_iter().collect()),
         }
     }
 
@@ -145,6 +158,7 @@ impl WasmboxServer {
     pub fn router() -> ToolRouter<Self> {
         Self::guest_router()
             + Self::sandbox_router()
+            + Self::vm_router()
             + Self::state_router()
             + Self::file_router()
             + Self::env_router()
@@ -179,13 +193,13 @@ impl WasmboxServer {
         r
     }
 
-    /// The most bytes a tool's text block may take: `WASMBOX_RESULT_BYTES`, and for
-    /// `file_download` also the base64 of the bytes it may return (`WASMBOX_DOWNLOAD_BYTES`).
+    /// The most bytes a tool's text block may take: `WASMBOX_RESULT_BYTES`, and more for the
+    /// tools whose group declares a [`Budget`].
     fn budget(&self, tool: &str) -> usize {
         let c = self.wasmbox.config();
-        match tool {
-            "file_download" => c.result_bytes + c.download_bytes.div_ceil(3) * 4,
-            _ => c.result_bytes,
+        match self.budgets.get(tool) {
+            Some(Budget::Download) => c.result_bytes + c.download_bytes.div_ceil(3) * 4,
+            None => c.result_bytes,
         }
     }
 
@@ -522,7 +536,7 @@ impl WasmboxServer {
                 }
                 Some(q) = asked => {
                     if context.client_capabilities().and_then(|c| c.elicitation).is_none() {
-                        let _ = q.answer.send(Err("the MCP client does not support elicitation".into()));
+                        let _ = q.answer.send(Err(crate::reach::tools::CannotAsk::NoElicitation));
                         continue;
                     }
                     let message = q.message.clone();

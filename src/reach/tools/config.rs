@@ -4,7 +4,7 @@
 //! `confirm` (whether a destructive tool needs the person's consent; `true` unless set).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -94,17 +94,59 @@ enum AllowField {
     Many(Vec<String>),
 }
 
+/// Why the file could not be read, naming it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{MCP_CONFIG}: cannot read {}: {why}", path.display())]
+    Read { path: PathBuf, why: std::io::Error },
+    #[error("{MCP_CONFIG}: {}: {why}", path.display())]
+    Bad { path: PathBuf, why: BadConfig },
+}
+
+/// What is wrong in a config's text, naming the server.
+#[derive(Debug, thiserror::Error)]
+pub enum BadConfig {
+    #[error("not an mcpServers file: {0}")]
+    NotMcpServers(serde_json::Error),
+    #[error(
+        "server {key:?}: its name in code ({name}) is over {MAX_NAME} characters; shorten the key"
+    )]
+    LongName { key: String, name: String },
+    #[error("servers {other:?} and {key:?} would both be tools.{name} in code: rename one")]
+    SameName {
+        other: String,
+        key: String,
+        name: String,
+    },
+    #[error(
+        "server {0:?}: the legacy SSE transport is not supported; use streamable HTTP (\"type\": \"http\") or stdio"
+    )]
+    Sse(String),
+    #[error("server {key:?}: url {url:?} is not an http(s) URL")]
+    NotHttp { key: String, url: String },
+    #[error("server {0:?} has both command and url: give one")]
+    Both(String),
+    #[error("server {0:?} has neither command nor url")]
+    Neither(String),
+    #[error("server {key:?}: type {kind:?} does not fit what it gives")]
+    Misfit { key: String, kind: String },
+}
+
 /// Reads and checks the file; every error names the file and the server.
-pub fn load(path: &Path) -> Result<Vec<ServerSpec>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{MCP_CONFIG}: cannot read {}: {e}", path.display()))?;
-    parse(&text).map_err(|e| format!("{MCP_CONFIG}: {}: {e}", path.display()))
+pub fn load(path: &Path) -> Result<Vec<ServerSpec>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|why| ConfigError::Read {
+        path: path.to_path_buf(),
+        why,
+    })?;
+    parse(&text).map_err(|why| ConfigError::Bad {
+        path: path.to_path_buf(),
+        why,
+    })
 }
 
 /// Checks a config's text.
-pub fn parse(text: &str) -> Result<Vec<ServerSpec>, String> {
-    let file: File =
-        serde_json::from_str(text).map_err(|e| format!("not an mcpServers file: {e}"))?;
+pub fn parse(text: &str) -> Result<Vec<ServerSpec>, BadConfig> {
+    let file: File = serde_json::from_str(text).map_err(BadConfig::NotMcpServers)?;
     let mut out: Vec<ServerSpec> = Vec::new();
     for (key, e) in file.mcp_servers {
         if e.disabled {
@@ -112,21 +154,18 @@ pub fn parse(text: &str) -> Result<Vec<ServerSpec>, String> {
         }
         let name = ident(&key);
         if name.len() > MAX_NAME {
-            return Err(format!(
-                "server {key:?}: its name in code ({name}) is over {MAX_NAME} characters; shorten the key"
-            ));
+            return Err(BadConfig::LongName { key, name });
         }
         if let Some(other) = out.iter().find(|s| s.name == name) {
-            return Err(format!(
-                "servers {:?} and {key:?} would both be tools.{name} in code: rename one",
-                other.key
-            ));
+            return Err(BadConfig::SameName {
+                other: other.key.clone(),
+                key,
+                name,
+            });
         }
         let transport = match (e.command, e.url, e.kind.as_deref()) {
             (_, _, Some("sse")) => {
-                return Err(format!(
-                    "server {key:?}: the legacy SSE transport is not supported; use streamable HTTP (\"type\": \"http\") or stdio"
-                ));
+                return Err(BadConfig::Sse(key));
             }
             (Some(command), None, None | Some("stdio")) => Transport::Stdio {
                 command,
@@ -137,7 +176,7 @@ pub fn parse(text: &str) -> Result<Vec<ServerSpec>, String> {
             (None, Some(url), None | Some("http" | "streamable-http" | "streamableHttp")) => {
                 match reqwest::Url::parse(&url) {
                     Ok(u) if matches!(u.scheme(), "http" | "https") => {}
-                    _ => return Err(format!("server {key:?}: url {url:?} is not an http(s) URL")),
+                    _ => return Err(BadConfig::NotHttp { key, url }),
                 }
                 Transport::Http {
                     url,
@@ -145,15 +184,16 @@ pub fn parse(text: &str) -> Result<Vec<ServerSpec>, String> {
                 }
             }
             (Some(_), Some(_), _) => {
-                return Err(format!("server {key:?} has both command and url: give one"));
+                return Err(BadConfig::Both(key));
             }
             (None, None, _) => {
-                return Err(format!("server {key:?} has neither command nor url"));
+                return Err(BadConfig::Neither(key));
             }
             (_, _, Some(t)) => {
-                return Err(format!(
-                    "server {key:?}: type {t:?} does not fit what it gives"
-                ));
+                return Err(BadConfig::Misfit {
+                    key,
+                    kind: t.to_string(),
+                });
             }
         };
         let allow = match e.allow {
@@ -249,7 +289,7 @@ mod tests {
                 "over 24",
             ),
         ] {
-            let e = parse(text).unwrap_err();
+            let e = parse(text).unwrap_err().to_string();
             assert!(e.contains(says), "{text}: {e}");
         }
     }

@@ -27,8 +27,31 @@ pub struct Link {
     pub too_big: Arc<AtomicBool>,
 }
 
+/// Why a server could not be connected to. Cloneable: one failure answers every call that
+/// waited for that connection, and those made while it is left alone.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot start {command:?}: {why}")]
+    Start {
+        command: String,
+        why: Arc<std::io::Error>,
+    },
+    #[error("its stdio could not be opened")]
+    NoStdio,
+    #[error("header {0:?}: {1}")]
+    HeaderName(String, Arc<http::header::InvalidHeaderName>),
+    #[error("header {0:?}'s value: {1}")]
+    HeaderValue(String, Arc<http::header::InvalidHeaderValue>),
+    #[error("the MCP handshake failed: {0}")]
+    Handshake(Arc<rmcp::service::ClientInitializeError>),
+    #[error("it did not finish starting within {0} s")]
+    Slow(u64),
+    #[error("connecting failed: {0}")]
+    Task(Arc<tokio::task::JoinError>),
+}
+
 /// Connects to `spec`; no message from it over `max_message` bytes is held.
-pub async fn connect(spec: &ServerSpec, max_message: usize) -> Result<Link, String> {
+pub async fn connect(spec: &ServerSpec, max_message: usize) -> Result<Link, ConnectError> {
     let too_big = Arc::new(AtomicBool::new(false));
     match &spec.transport {
         Transport::Stdio {
@@ -51,10 +74,14 @@ pub async fn connect(spec: &ServerSpec, max_message: usize) -> Result<Link, Stri
             // The server ends with wasmbox however wasmbox ends. The thread that spawns it is
             // the reach runtime's, which lives as long as the process (Linux's parent-death
             // signal is tied to the spawning thread).
-            let mut child = crate::platform::process::spawn_tied(&mut cmd)
-                .map_err(|e| format!("cannot start {command:?}: {e}"))?;
+            let mut child = crate::platform::process::spawn_tied(&mut cmd).map_err(|e| {
+                ConnectError::Start {
+                    command: command.clone(),
+                    why: Arc::new(e),
+                }
+            })?;
             let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
-                return Err("its stdio could not be opened".into());
+                return Err(ConnectError::NoStdio);
             };
             let reader = LineCap {
                 inner: stdout,
@@ -81,10 +108,10 @@ pub async fn connect(spec: &ServerSpec, max_message: usize) -> Result<Link, Stri
                 }
                 let name = k
                     .parse::<http::HeaderName>()
-                    .map_err(|e| format!("header {k:?}: {e}"))?;
+                    .map_err(|e| ConnectError::HeaderName(k.clone(), Arc::new(e)))?;
                 let value = v
                     .parse::<http::HeaderValue>()
-                    .map_err(|e| format!("header {k:?}'s value: {e}"))?;
+                    .map_err(|e| ConnectError::HeaderValue(k.clone(), Arc::new(e)))?;
                 custom.insert(name, value);
             }
             let transport =
@@ -98,12 +125,12 @@ async fn handshake<T, E, A>(
     transport: T,
     child: Option<tokio::process::Child>,
     too_big: Arc<AtomicBool>,
-) -> Result<Link, String>
+) -> Result<Link, ConnectError>
 where
     T: rmcp::transport::IntoTransport<RoleClient, E, A>,
     E: std::error::Error + Send + Sync + 'static,
 {
-    let client = ().serve(transport).await.map_err(|e| format!("the MCP handshake failed: {e}"))?;
+    let client = ().serve(transport).await.map_err(|e| ConnectError::Handshake(Arc::new(e)))?;
     Ok(Link {
         client,
         _child: child,

@@ -9,6 +9,7 @@
 //! results only, each bounded (`WASMBOX_TOOL_BYTES`).
 
 pub mod config;
+mod error;
 mod link;
 
 use std::collections::HashMap;
@@ -25,13 +26,15 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 pub use config::{Allow, MCP_CONFIG, ServerSpec, Transport};
-use link::Link;
+pub use error::{CannotAsk, ServerError};
+use link::{ConnectError, Link};
 
 /// Asks the person whether a destructive call may go ahead.
 pub trait Consent: Send + Sync {
     /// `Ok(true)` when they accepted; `Err` when they cannot be asked (the client has no
     /// elicitation, or it failed), with why.
-    fn ask(&self, message: String) -> Pin<Box<dyn Future<Output = Result<bool, String>> + Send>>;
+    fn ask(&self, message: String)
+    -> Pin<Box<dyn Future<Output = Result<bool, CannotAsk>> + Send>>;
 }
 
 impl std::fmt::Debug for dyn Consent {
@@ -120,7 +123,7 @@ struct Slot {
     tools: Option<Arc<Vec<Listed>>>,
     /// The last failure to connect, and when: a server that failed is not started again for
     /// a few seconds, so a broken entry does not cost every call a process.
-    failed: Option<(String, Instant)>,
+    failed: Option<(ConnectError, Instant)>,
     /// A connection being made, in a task of its own: a guest that stops waiting (its
     /// deadline) does not abort it, so a slow first start (`npx -y`) finishes for the next.
     connecting: Option<(Connecting, Instant)>,
@@ -147,7 +150,7 @@ impl Listed {
 }
 
 type Connecting = futures::future::Shared<
-    std::pin::Pin<Box<dyn Future<Output = Result<Arc<Link>, String>> + Send>>,
+    std::pin::Pin<Box<dyn Future<Output = Result<Arc<Link>, ConnectError>> + Send>>,
 >;
 
 /// How long a server has to start, shake hands, or list its tools.
@@ -190,16 +193,21 @@ impl CodeTools {
         // on in its own task and its tools appear in a later list.
         let lists = futures::future::join_all(self.servers.iter().map(|s| async {
             // One that has been starting for a while already is not waited for again.
-            let since = s.slot.lock().await.connecting.as_ref().map(|(_, at)| at.elapsed());
+            let since = s
+                .slot
+                .lock()
+                .await
+                .connecting
+                .as_ref()
+                .map(|(_, at)| at.elapsed());
             let wait = LIST_WAIT.saturating_sub(since.unwrap_or_default());
             tokio::time::timeout(wait, self.catalog(s))
                 .await
                 .unwrap_or_else(|_| {
-                    Err(format!(
-                        "MCP server {} has not answered within {} s (still starting?); its tools appear once it has",
-                        s.spec.name,
-                        LIST_WAIT.as_secs()
-                    ))
+                    Err(ServerError::Slow {
+                        server: s.spec.name.clone(),
+                        secs: LIST_WAIT.as_secs(),
+                    })
                 })
         }))
         .await;
@@ -220,7 +228,7 @@ impl CodeTools {
             match listed {
                 Err(e) => {
                     st.state = "failed";
-                    st.error = Some(e);
+                    st.error = Some(e.to_string());
                 }
                 Ok((tools, hidden)) => {
                     st.hidden = hidden;
@@ -234,7 +242,7 @@ impl CodeTools {
 
     /// The tools of one server that code may call, and how many it hides. Their protocol names
     /// are `<server>__<tool>`, made unique within the server.
-    async fn catalog(&self, s: &Server) -> Result<(Vec<CodeTool>, usize), String> {
+    async fn catalog(&self, s: &Server) -> Result<(Vec<CodeTool>, usize), ServerError> {
         let tools = self.tools_of(s).await?;
         let spec = &s.spec;
         let mut taken = HashMap::new();
@@ -287,7 +295,7 @@ impl CodeTools {
         let (tools, _) = self
             .catalog(server)
             .await
-            .map_err(|e| Fail::new("tool_error", e))?;
+            .map_err(|e| Fail::new("tool_error", e.to_string()))?;
         let tool = tools
             .into_iter()
             .find(|t| t.name == name)
@@ -362,7 +370,7 @@ impl CodeTools {
     async fn send(&self, server: &Server, tool: &str, args: JsonObject) -> Outcome {
         let link = match self.link(server).await {
             Ok(l) => l,
-            Err(e) => return Outcome::Failed(Fail::new("tool_error", e)),
+            Err(e) => return Outcome::Failed(Fail::new("tool_error", e.to_string())),
         };
         let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
         match link.client.call_tool(params).await {
@@ -417,7 +425,11 @@ impl CodeTools {
     }
 
     /// The server's connection, made now if there is none (or the last one closed).
-    async fn link(&self, server: &Server) -> Result<Arc<Link>, String> {
+    async fn link(&self, server: &Server) -> Result<Arc<Link>, ServerError> {
+        let unreachable = |why: ConnectError| ServerError::Unreachable {
+            server: server.spec.name.clone(),
+            why,
+        };
         let pending = {
             let mut slot = server.slot.lock().await;
             if let Some(l) = &slot.link
@@ -431,7 +443,7 @@ impl CodeTools {
                     if let Some((e, at)) = &slot.failed
                         && at.elapsed() < RETRY_AFTER
                     {
-                        return Err(e.clone());
+                        return Err(unreachable(e.clone()));
                     }
                     slot.tools = None;
                     let spec = server.spec.clone();
@@ -441,15 +453,12 @@ impl CodeTools {
                     let task = tokio::spawn(async move {
                         match tokio::time::timeout(CONNECT_TIME, link::connect(&spec, max)).await {
                             Ok(r) => r.map(Arc::new),
-                            Err(_) => Err(format!(
-                                "it did not finish starting within {} s",
-                                CONNECT_TIME.as_secs()
-                            )),
+                            Err(_) => Err(ConnectError::Slow(CONNECT_TIME.as_secs())),
                         }
                     });
                     let c: Connecting = futures::FutureExt::shared(Box::pin(async move {
                         task.await
-                            .unwrap_or_else(|e| Err(format!("connecting failed: {e}")))
+                            .unwrap_or_else(|e| Err(ConnectError::Task(Arc::new(e))))
                     })
                         as std::pin::Pin<Box<dyn Future<Output = _> + Send>>);
                     slot.connecting = Some((c.clone(), Instant::now()));
@@ -472,17 +481,14 @@ impl CodeTools {
                 }
                 Err(e) => {
                     slot.link = None;
-                    slot.failed = Some((
-                        format!("MCP server {} could not be reached: {e}", server.spec.name),
-                        Instant::now(),
-                    ));
+                    slot.failed = Some((e.clone(), Instant::now()));
                 }
             }
         }
-        made.map_err(|e| format!("MCP server {} could not be reached: {e}", server.spec.name))
+        made.map_err(unreachable)
     }
 
-    async fn tools_of(&self, server: &Server) -> Result<Arc<Vec<Listed>>, String> {
+    async fn tools_of(&self, server: &Server) -> Result<Arc<Vec<Listed>>, ServerError> {
         {
             let slot = server.slot.lock().await;
             if let (Some(t), Some(l)) = (&slot.tools, &slot.link)
@@ -492,12 +498,14 @@ impl CodeTools {
             }
         }
         let link = self.link(server).await?;
-        let tools = link.client.list_all_tools().await.map_err(|e| {
-            format!(
-                "MCP server {} did not list its tools: {e}",
-                server.spec.name
-            )
-        })?;
+        let tools = link
+            .client
+            .list_all_tools()
+            .await
+            .map_err(|why| ServerError::NotListed {
+                server: server.spec.name.clone(),
+                why,
+            })?;
         let tools = Arc::new(tools.into_iter().map(Listed::new).collect::<Vec<_>>());
         server.slot.lock().await.tools = Some(tools.clone());
         Ok(tools)
