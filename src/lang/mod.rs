@@ -27,7 +27,7 @@ use serde::Serialize;
 
 use crate::engine::limits::{CappedOutput, LimitHit, Stop};
 use LangError as Error;
-pub use error::{LangError, Result};
+pub use error::{LangError, Result, set_setup_note};
 
 /// A language a caller can ask for. Parsing accepts the usual aliases.
 #[derive(

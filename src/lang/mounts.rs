@@ -84,12 +84,50 @@ pub struct Layout {
 const ROOM_MB: u64 = 1024;
 const ROOM_FILES: u64 = 10_000;
 
+/// The environment's mount settings as given (part of [`crate::Config`]): they are checked
+/// when the folders are lent, where a bad one stops the start naming itself.
+#[derive(Clone, Debug, Default)]
+pub struct MountSettings {
+    /// `WASMBOX_MOUNTS`: comma-separated `HOST:GUEST[:ro|rw]`.
+    pub mounts: Option<String>,
+    /// `WASMBOX_MOUNT_DISK_MB`: what guests may add to each `rw` folder, in MiB.
+    pub room_mb: Option<String>,
+    /// `WASMBOX_MOUNT_FILES`: how many entries guests may add to each `rw` folder.
+    pub room_files: Option<String>,
+}
+
+impl MountSettings {
+    pub fn from_env() -> Self {
+        Self {
+            mounts: std::env::var("WASMBOX_MOUNTS").ok(),
+            room_mb: std::env::var("WASMBOX_MOUNT_DISK_MB").ok(),
+            room_files: std::env::var("WASMBOX_MOUNT_FILES").ok(),
+        }
+    }
+
+    /// What guests may add to each `rw` folder.
+    fn room(&self) -> Result<Quota, String> {
+        let num = |name: &str, given: &Option<String>, default: u64| match given {
+            Some(v) => v
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| format!("{name}: {v:?} is not a whole number")),
+            None => Ok(default),
+        };
+        Ok(Quota {
+            max_bytes: num("WASMBOX_MOUNT_DISK_MB", &self.room_mb, ROOM_MB)?
+                .saturating_mul(1 << 20),
+            max_entries: num("WASMBOX_MOUNT_FILES", &self.room_files, ROOM_FILES)?,
+        })
+    }
+}
+
 impl Layout {
     /// The server's mounts: `WASMBOX_MOUNTS` (comma-separated) and then `--mount` flags, each
     /// `rw` one with room for `WASMBOX_MOUNT_DISK_MB` and `WASMBOX_MOUNT_FILES` more.
-    pub fn from_settings(flags: &[String]) -> Result<Self, String> {
+    pub fn from_settings(settings: &MountSettings, flags: &[String]) -> Result<Self, String> {
         let mut mounts = Vec::new();
-        if let Ok(v) = std::env::var("WASMBOX_MOUNTS") {
+        if let Some(v) = &settings.mounts {
             for spec in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                 mounts.push(Mount::parse(spec, "WASMBOX_MOUNTS")?);
             }
@@ -97,7 +135,7 @@ impl Layout {
         for spec in flags {
             mounts.push(Mount::parse(spec, "--mount")?);
         }
-        Self::new(mounts, "WASMBOX_MOUNTS/--mount", room()?)
+        Self::new(mounts, "WASMBOX_MOUNTS/--mount", settings.room()?)
     }
 
     /// Checks that no two mounts overlap (one at a slot leaves no room below it), opens each
@@ -170,14 +208,16 @@ impl Layout {
 /// Over HTTP, each token's lent folders (`WASMBOX_TOKEN_MOUNTS`): `TOKEN=MOUNT,MOUNT;TOKEN=...`,
 /// each mount as in `WASMBOX_MOUNTS`. Keyed by the token's owner id (`owner_of`), which is
 /// what calls carry; a token the server does not serve, or an `rw` folder lent to two tokens
-/// (whose rooms would add up), stops the server at start.
+/// (whose rooms would add up), stops the server at start. Each `rw` folder has the room
+/// `settings` give.
 pub fn token_layouts(
     spec: &str,
     tokens: &[String],
     owner_of: impl Fn(&str) -> String,
+    settings: &MountSettings,
 ) -> Result<HashMap<String, Layout>, String> {
     const SETTING: &str = "WASMBOX_TOKEN_MOUNTS";
-    let room = room()?;
+    let room = settings.room()?;
     let mut out = HashMap::new();
     let mut rw: Vec<PathBuf> = Vec::new();
     for (n, entry) in spec.split(';').map(str::trim).enumerate() {
@@ -220,21 +260,6 @@ pub fn token_layouts(
     Ok(out)
 }
 
-/// What guests may add to each `rw` folder (`WASMBOX_MOUNT_DISK_MB`, `WASMBOX_MOUNT_FILES`).
-fn room() -> Result<Quota, String> {
-    let num = |name: &str, default: u64| match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| format!("{name}: {v:?} is not a whole number")),
-        Err(_) => Ok(default),
-    };
-    Ok(Quota {
-        max_bytes: num("WASMBOX_MOUNT_DISK_MB", ROOM_MB)?.saturating_mul(1 << 20),
-        max_entries: num("WASMBOX_MOUNT_FILES", ROOM_FILES)?,
-    })
-}
-
 static SERVER: std::sync::OnceLock<Layout> = std::sync::OnceLock::new();
 static TOKENS: std::sync::OnceLock<HashMap<String, Layout>> = std::sync::OnceLock::new();
 
@@ -248,7 +273,7 @@ pub fn set_token_layouts(layouts: HashMap<String, Layout>) -> Result<(), String>
 /// The folders lent to `owner`'s code and file tools: the server's for the local user, a
 /// token's own over HTTP (none unless `WASMBOX_TOKEN_MOUNTS` gives it some).
 pub fn for_owner(owner: &str) -> &'static Layout {
-    if owner == crate::sandbox::LOCAL_OWNER {
+    if owner == crate::engine::cpu::LOCAL_OWNER {
         return server_layout();
     }
     TOKENS.get().and_then(|t| t.get(owner)).unwrap_or(&EMPTY)

@@ -5,7 +5,7 @@
 //! can and are never shadowed. Index wheels are checked against the index's SHA-256 and every
 //! wheel's members against its RECORD; wheels are kept by hash in `<cache>/wheels` and unpacked
 //! once into a read-only tree per wheel in `<cache>/packages`, which every Python guest sees at
-//! [`GUEST_ROOT`]. A sandbox's packages are a list of those trees on its `sys.path`.
+//! [`PACKAGES_GUEST`]. A sandbox's packages are a list of those trees on its `sys.path`.
 
 mod index;
 mod sandbox;
@@ -22,10 +22,8 @@ use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder, Requirement, Versio
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::lang::python::{PACKAGES_GUEST, PackageTree};
 use wheel::{WheelName, normalize};
-
-/// Where the store of unpacked trees appears in Python guests (read-only).
-pub const GUEST_ROOT: &str = "/packages";
 
 /// Compiles a freshly unpacked tree's modules (its host folder, the guest path it will have)
 /// before it is made read-only: guests cannot write bytecode into the store, so a tree left
@@ -109,21 +107,6 @@ impl From<std::io::Error> for PackageError {
     }
 }
 
-/// One installed package as a sandbox keeps it (in `meta.json`, forks and snapshots).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
-pub struct Tree {
-    pub name: String,
-    pub version: String,
-    /// Its folder under [`GUEST_ROOT`].
-    pub tree: String,
-}
-
-impl Tree {
-    pub fn guest_path(&self) -> String {
-        format!("{GUEST_ROOT}/{}", self.tree)
-    }
-}
-
 /// One package an install chose.
 #[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct Installed {
@@ -136,7 +119,7 @@ pub struct Installed {
     /// Unpacked before (by any sandbox): nothing was downloaded or unpacked now.
     pub cached: bool,
     #[serde(skip)]
-    pub tree: Tree,
+    pub tree: PackageTree,
 }
 
 /// A requirement the runtime's own packages satisfied.
@@ -247,7 +230,7 @@ impl Packages {
         })
     }
 
-    /// The host folder Python guests see at [`GUEST_ROOT`].
+    /// The host folder Python guests see at [`PACKAGES_GUEST`].
     pub fn store(&self) -> &Path {
         &self.store
     }
@@ -327,7 +310,7 @@ impl Packages {
     pub async fn install(
         &self,
         requested: &[String],
-        have: &[Tree],
+        have: &[PackageTree],
         compile: Compile<'_>,
     ) -> Result<Outcome, PackageError> {
         let _busy = self.busy.lock().await;
@@ -475,7 +458,7 @@ impl Packages {
                 wheel,
                 sha256: sha,
                 cached: true,
-                tree: Tree {
+                tree: PackageTree {
                     name: meta.name,
                     version: meta.version,
                     tree,
@@ -705,7 +688,8 @@ impl Packages {
                 };
                 let source = format!("{sha} {} {origin}", c.wheel);
                 let (staged, m) = blocking(move || stage(&store, &wheel, file)).await?;
-                if let Err(e) = compile(staged.0.clone(), format!("{GUEST_ROOT}/{tree}")).await {
+                if let Err(e) = compile(staged.0.clone(), format!("{PACKAGES_GUEST}/{tree}")).await
+                {
                     tracing::warn!("compiling {tree}: {e}; its modules compile at each import");
                 }
                 let (store, t) = (self.store.clone(), tree.clone());
@@ -721,7 +705,7 @@ impl Packages {
                 wheel: c.wheel,
                 sha256: sha,
                 cached,
-                tree: Tree {
+                tree: PackageTree {
                     name: meta.name,
                     version: meta.version,
                     tree,

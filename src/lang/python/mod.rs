@@ -16,10 +16,12 @@
 
 mod calibrate;
 mod image;
+mod packages;
 mod rich;
 mod turn;
 
 pub use image::image_key;
+pub use packages::{PACKAGES_GUEST, PackageTree};
 pub use turn::literal;
 
 use std::collections::BTreeMap;
@@ -84,7 +86,7 @@ pub struct PythonPaths {
     pub module: PathBuf,
     pub stdlib_dir: PathBuf,
     pub mpl_data: PathBuf,
-    /// The store of installed packages' trees, at [`crate::packages::GUEST_ROOT`] (`None`: an
+    /// The store of installed packages' trees, at [`PACKAGES_GUEST`] (`None`: an
     /// empty folder there).
     pub packages: Option<PathBuf>,
 }
@@ -146,7 +148,7 @@ impl PythonPaths {
                 self.packages
                     .as_deref()
                     .unwrap_or_else(|| super::scratch::empty_dir().expect("an empty folder")),
-                crate::packages::GUEST_ROOT,
+                PACKAGES_GUEST,
             )],
         }
     }
