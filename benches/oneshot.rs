@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group};
 use wasmbox::engine::cpu::LOCAL_OWNER;
 use wasmbox::lang::javascript::JsRuntime;
+use wasmbox::lang::live::SessionRuntime;
 use wasmbox::lang::python::PythonRuntime;
-use wasmbox::lang::session::SessionRuntime;
 use wasmbox::{Config, ExecOptions, ExecRequest, Wasmbox};
 
 fn opts(language: &str, code: &str) -> ExecOptions {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::engine::state::InstanceState;
 use crate::lang::guest::{EXIT_CANCELLED, EXIT_KILLED};
-use crate::lang::session::{self, Session, SessionRuntime};
+use crate::lang::live::{self, Session, SessionRuntime};
 use crate::lang::{ExecRequest, ExecResult, Language};
 use crate::sandbox::budget::StateGate;
 
@@ -234,7 +234,7 @@ pub fn restore(
         }
     };
     let reseed = reseed_marker(path).is_file();
-    let restored = session::restore(rt, req, &st).and_then(|(mut s, n)| {
+    let restored = live::restore(rt, req, &st).and_then(|(mut s, n)| {
         if reseed {
             rt.reseed(&mut s)?;
         }
@@ -365,7 +365,7 @@ impl Slot {
         req: &ExecRequest,
         target: &mut Slot,
     ) -> Result<Vec<String>, String> {
-        let (mut child, notes) = session::fork(rt, self.live()?, req).map_err(|e| e.to_string())?;
+        let (mut child, notes) = live::fork(rt, self.live()?, req).map_err(|e| e.to_string())?;
         rt.reseed(&mut child).map_err(|e| e.to_string())?;
         target.state = State::Live {
             session: child,

@@ -117,8 +117,8 @@ impl GoRuntime {
     pub fn load(runtimes_dir: &Path, cache_dir: &Path, optimizing: &Engine) -> Result<Self> {
         let toolchain = GoToolchain::find(runtimes_dir)?;
         let engine = build_engine_with(Strategy::Winch)?;
-        let linker = crate::lang::door::linker(&engine)?;
-        let optimizing_linker = crate::lang::door::linker(optimizing)?;
+        let linker = crate::lang::host_call::linker(&engine)?;
+        let optimizing_linker = crate::lang::host_call::linker(optimizing)?;
         let wasm_dir = cache_dir.join("go-wasm");
         let modules_dir = cache_dir.join("go-modules");
         for d in [&wasm_dir, &modules_dir] {

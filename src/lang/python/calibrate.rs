@@ -10,7 +10,7 @@ use super::{Error, Python, Result};
 use crate::engine::prefault::PageSet;
 use crate::lang::guest::{Guest, GuestState};
 use crate::lang::image_runtime::Shared;
-use crate::lang::session::exported_memory;
+use crate::lang::live::exported_memory;
 
 /// Measures what [`FastReady`] needs on throwaway instances: where the random generators'
 /// states are, and which pages small first turns map after the polish. Without an image (or

@@ -10,7 +10,7 @@
 //!
 //! The parts: `turn` (how the host talks to the interpreter, with the prologue it runs first),
 //! `image` (the pre-initialised image: build and cache key), `calibrate` (readying instances of
-//! it without running wasm), `door` (the host function figures come back through) and `rich`
+//! it without running wasm), `host_call` (the host function figures come back through) and `rich`
 //! (a session's final DataFrame, bounded while parsed). The Python they run is in the `.py`
 //! files beside them.
 
@@ -35,12 +35,12 @@ use self::image::load_image;
 use self::turn::{WARM_TURN, call, prologue, run_turn, turn, user_turn};
 use super::guest::{Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST};
 use super::image_runtime::{Flavour, ImageRuntime, PoolOptions, Ready, Shared};
-use super::session::Session;
+use super::live::Session;
 use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
-use crate::engine::pool::Polish;
-use crate::lang::door::linker;
+use crate::engine::pool::IdleWork;
+use crate::lang::host_call::linker;
 
 /// The guest path of the interpreter, as argv[0]: the prefix /usr/local is baked into the build.
 const ARGV0: &str = "/usr/local/bin/python.wasm";
@@ -209,7 +209,7 @@ impl Flavour for Python {
 
     /// Instances readied without a turn get one (no user code) once the pool is full: the
     /// first request on them then finds the interpreter's own pages and tables mapped.
-    fn polish(shared: &Arc<Shared<Self>>) -> Option<Polish<Ready, Error>> {
+    fn polish(shared: &Arc<Shared<Self>>) -> Option<IdleWork<Ready, Error>> {
         shared.calibration.as_ref()?;
         let s = shared.clone();
         Some(Box::new(move |r: &mut Ready| {

@@ -1,7 +1,7 @@
 //! A live interpreter a sandbox keeps between calls. Python and JavaScript share this shape, so
 //! saving a session's state and restoring it are written once, here.
 //!
-//! A session is an instance of its runtime's pre-initialised image; its state is what it holds
+//! A live interpreter is an instance of its runtime's pre-initialised image; its state is what it holds
 //! that the image does not (linear-memory pages and globals, `engine::state`) plus its clock.
 //! Restoring makes a fresh instance of the same image and writes that state over it.
 
@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::{Instance, Memory};
 
 use super::guest::Guest;
-use super::spare::Made;
+use super::spare::FreshInstance;
 use super::{ExecRequest, ExecResult, LangError as Error, Language, Result};
 use crate::engine::state::{self, InstanceState, StateKey};
 
@@ -117,7 +117,7 @@ fn instance_for(
     req: &ExecRequest,
     clock: Duration,
     memory_pages: u64,
-) -> Result<Made> {
+) -> Result<FreshInstance> {
     // Spares are made with the server's lent folders; a token lent others gets a fresh one.
     let spare = match super::mounts::unlike_pooled(&req.owner) {
         None => rt.spares().take(req.place.as_ref(), clock, memory_pages),
@@ -125,11 +125,13 @@ fn instance_for(
     };
     match spare {
         Some(made) => Ok(made),
-        None => rt.instantiate(req, clock).map(|(guest, instance)| Made {
-            guest,
-            instance,
-            ahead: Vec::new(),
-        }),
+        None => rt
+            .instantiate(req, clock)
+            .map(|(guest, instance)| FreshInstance {
+                guest,
+                instance,
+                ahead: Vec::new(),
+            }),
     }
 }
 
@@ -140,7 +142,7 @@ pub fn restore(
     st: &InstanceState,
 ) -> Result<(Session, Vec<String>)> {
     let clock = Duration::from_nanos(st.clock_ns);
-    let Made {
+    let FreshInstance {
         mut guest,
         instance,
         ahead,
@@ -167,7 +169,7 @@ pub fn fork(
     }
     let from = parent.memory()?;
     let clock = Duration::from_nanos(parent.guest.clock_ns());
-    let Made {
+    let FreshInstance {
         mut guest,
         instance,
         ahead,
