@@ -12,7 +12,7 @@ use std::time::Duration;
 use wasmtime::{Engine, Instance, InstancePre, Linker, Module};
 
 use super::guest::{Guest, GuestSpec, GuestState, engine_err};
-use super::live::{Session, SessionRuntime, StateKeyCell};
+use super::live::{Session, SessionRuntime, StateKeyCell, StateKeyError};
 use super::mounts::{Layout, unlike_pooled};
 use super::spare::{Spares, rebind_with};
 use super::{ExecRequest, ExecResult, Language, Place};
@@ -436,7 +436,7 @@ impl<F: Flavour> SessionRuntime for ImageRuntime<F> {
         F::call(s, req, rich)
     }
 
-    fn state_key(&self) -> std::result::Result<Arc<StateKey>, String> {
+    fn state_key(&self) -> std::result::Result<Arc<StateKey>, StateKeyError> {
         self.shared.state_key.get()
     }
 
