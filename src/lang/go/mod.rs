@@ -229,7 +229,7 @@ impl GoRuntime {
         let deadline = start + req.timeout;
         let source = match prepare_source(&req.code) {
             Ok(s) => s,
-            Err(msg) => return Ok(compile_result(1, msg, req, start)),
+            Err(cgo) => return Ok(compile_result(1, cgo.to_string(), req, start)),
         };
         let loaded = match self.module_for(&source, req, start, deadline)? {
             Built::Ready(l) => l,
