@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
+use wasmbox::engine::cpu::LOCAL_OWNER;
 use wasmbox::lang::javascript::JsRuntime;
+use wasmbox::lang::live::SessionRuntime;
 use wasmbox::lang::python::PythonRuntime;
-use wasmbox::lang::session::SessionRuntime;
-use wasmbox::sandbox::LOCAL_OWNER;
 use wasmbox::{Config, ExecOptions, ExecRequest, Wasmbox};
 
 fn opts(language: &str, code: &str) -> ExecOptions {

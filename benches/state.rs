@@ -33,7 +33,7 @@ fn engine_err(e: wasmtime::Error) -> EngineError {
 fn build_image() -> Vec<u8> {
     let engine = Engine::default();
     let wasm = wat::parse_str(GUEST).unwrap();
-    wasmbox::engine::snapshot::build(&engine, &wasm, "bench image", |module| {
+    wasmbox::engine::preinit::build(&engine, &wasm, "bench image", |module| {
         let mut store = Store::new(module.engine(), ());
         let instance = Instance::new(&mut store, module, &[]).map_err(engine_err)?;
         instance

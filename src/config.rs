@@ -8,6 +8,7 @@ use crate::engine::disk::Quota;
 use crate::engine::limits::Limits;
 use crate::lang::image_runtime::PoolOptions;
 use crate::lang::images::ImageBudget;
+use crate::lang::mounts::MountSettings;
 use crate::lang::python::{DEFAULT_PREIMPORT, PythonOptions};
 use crate::sandbox::SandboxConfig;
 
@@ -79,6 +80,9 @@ pub struct Config {
     pub wheelhouse: Option<PathBuf>,
     /// The package index's base URL (`WASMBOX_PACKAGE_INDEX`; PyPI), asked unless offline.
     pub package_index: String,
+    /// Host folders lent to guests (`WASMBOX_MOUNTS`, `WASMBOX_MOUNT_DISK_MB`,
+    /// `WASMBOX_MOUNT_FILES`), as given: checked when they are lent at start.
+    pub mounts: MountSettings,
 }
 
 /// Where async results may be POSTed, and the key that signs them.
@@ -117,7 +121,8 @@ impl Config {
     /// `WASMBOX_SNAPSHOT_DISK_MB` (per owner: snapshots and saved sessions), `WASMBOX_STATE_MB`
     /// (one session's saved state; default the memory limit), `WASMBOX_LIVE_SESSIONS` (in memory at once),
     /// `WASMBOX_WEBHOOK_ALLOW_ANY`, `WASMBOX_WEBHOOK_ALLOW_PRIVATE` (with ALLOW_ANY only),
-    /// `WASMBOX_WEBHOOK_SECRET`, `WASMBOX_WHEELHOUSE`, `WASMBOX_PACKAGE_INDEX`, and for the HOPX cloud (read by [`CloudConfig::from_env`])
+    /// `WASMBOX_WEBHOOK_SECRET`, `WASMBOX_WHEELHOUSE`, `WASMBOX_PACKAGE_INDEX`, `WASMBOX_MOUNTS`, `WASMBOX_MOUNT_DISK_MB`,
+    /// `WASMBOX_MOUNT_FILES`, and for the HOPX cloud (read by [`CloudConfig::from_env`])
     /// `HOPX_API_KEY`, `HOPX_BASE_URL`, `WASMBOX_OFFLINE`, `WASMBOX_MAX_CLOUD_SANDBOXES`,
     /// `WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN` and `WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT` (seconds).
     /// The Go runtime reads its own at load: `WASMBOX_GO`, `WASMBOX_GO_CACHE_MB`,
@@ -232,6 +237,7 @@ impl Config {
                 .ok()
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| "https://pypi.org".into()),
+            mounts: MountSettings::from_env(),
             webhook: WebhookConfig {
                 allow_any_host: std::env::var("WASMBOX_WEBHOOK_ALLOW_ANY").is_ok_and(|v| v == "1"),
                 allow_private: std::env::var("WASMBOX_WEBHOOK_ALLOW_PRIVATE")

@@ -96,8 +96,10 @@ impl Wasmbox {
                 .or_insert_with(|| s.placeholder.clone());
         }
         check_env(&opts.env)?;
-        let owner = opts.owner.unwrap_or_else(|| sandbox::LOCAL_OWNER.into());
-        let local = *owner == *sandbox::LOCAL_OWNER;
+        let owner = opts
+            .owner
+            .unwrap_or_else(|| engine::cpu::LOCAL_OWNER.into());
+        let local = *owner == *engine::cpu::LOCAL_OWNER;
         let reach = self
             .reach_for(opts.allow_hosts.as_deref())?
             .for_caller(local, opts.consent);

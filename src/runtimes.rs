@@ -11,8 +11,8 @@ use crate::engine::progress::ProgressSink;
 use crate::lang::go::{GoCacheStats, GoRuntime};
 use crate::lang::image_runtime::{Flavour, ImageRuntime};
 use crate::lang::javascript::JsRuntime;
+use crate::lang::live::SessionRuntime;
 use crate::lang::python::{PythonPaths, PythonRuntime};
-use crate::lang::session::SessionRuntime;
 use crate::lang::{ExecRequest, ExecResult};
 use crate::{Error, Inner, Language, Result, Wasmbox, engine, lang};
 

@@ -35,7 +35,7 @@ use serde_json::{Map, Value};
 use tokio_util::codec::Decoder;
 use wasmbox::mcp::WasmboxServer;
 use wasmbox::mcp::tools::fuzz_args::tool_names;
-use wasmbox::sandbox::LOCAL_OWNER;
+use wasmbox::engine::cpu::LOCAL_OWNER;
 
 const PLACEHOLDER: &str = "SANDBOX";
 

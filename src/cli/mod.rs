@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use wasmbox::Config;
+use wasmbox::lang::mounts::{Layout, MountSettings};
 
 #[derive(Parser)]
 #[command(
@@ -115,9 +116,12 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
 
 /// Lends the folders of --mount and WASMBOX_MOUNTS to the local user's sandboxes; answers
 /// WASMBOX_TOKEN_MOUNTS, the folders `serve --http` lends each token.
-fn lend_folders(mounts: &[String], over_http: bool) -> anyhow::Result<Option<String>> {
-    let layout =
-        wasmbox::lang::mounts::Layout::from_settings(mounts).map_err(anyhow::Error::msg)?;
+fn lend_folders(
+    settings: &MountSettings,
+    mounts: &[String],
+    over_http: bool,
+) -> anyhow::Result<Option<String>> {
+    let layout = Layout::from_settings(settings, mounts).map_err(anyhow::Error::msg)?;
     // Lent folders are the local user's: an HTTP token's code sees only its own
     // (WASMBOX_TOKEN_MOUNTS).
     if !layout.mounts.is_empty() && over_http {

@@ -9,7 +9,7 @@ use wasmbox::engine::cache::Origin;
 use super::Start;
 
 pub(super) async fn prepare(start: Start) -> anyhow::Result<ExitCode> {
-    super::lend_folders(&start.mounts, false)?;
+    super::lend_folders(&start.config.mounts, &start.mounts, false)?;
     let wasmbox = Wasmbox::new(start.config)?;
     let mut failed = false;
     for (lang, outcome) in wasmbox.prepare().await {

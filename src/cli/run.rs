@@ -45,7 +45,7 @@ pub(super) async fn run(args: Args, start: Start) -> anyhow::Result<ExitCode> {
         runtimes_named,
         mounts,
     } = start;
-    super::lend_folders(&mounts, false)?;
+    super::lend_folders(&config.mounts, &mounts, false)?;
     set_up_language(&args.language, &mut config, setup_dir, runtimes_named).await?;
     let wasmbox = Wasmbox::new(config)?;
     let code = code(args.code, args.file)?;

@@ -45,7 +45,7 @@ pub(super) async fn serve(args: Args, start: Start) -> anyhow::Result<ExitCode> 
     if let Some(path) = &args.mcp_config {
         config.reach.mcp_config = Some(path.clone());
     }
-    let token_mounts = super::lend_folders(&mounts, args.http.is_some())?;
+    let token_mounts = super::lend_folders(&config.mounts, &mounts, args.http.is_some())?;
     auto_setup(&config, runtimes_named);
     let wasmbox = Wasmbox::new(config)?;
     match args.http {
@@ -99,9 +99,13 @@ async fn serve_http(
         .max(1);
     let tokens = tokens(&dir)?;
     if let Some(spec) = token_mounts {
-        let layouts =
-            wasmbox::lang::mounts::token_layouts(&spec, &tokens, wasmbox::mcp::serve::token_owner)
-                .map_err(anyhow::Error::msg)?;
+        let layouts = wasmbox::lang::mounts::token_layouts(
+            &spec,
+            &tokens,
+            wasmbox::mcp::serve::token_owner,
+            &wasmbox.config().mounts,
+        )
+        .map_err(anyhow::Error::msg)?;
         wasmbox::lang::mounts::set_token_layouts(layouts).map_err(anyhow::Error::msg)?;
     }
     wasmbox::mcp::serve::serve_http(

@@ -175,7 +175,7 @@ impl ModuleCache {
 
     /// [`ModuleCache::load_with`] for a builder that compiles what it makes itself, with an
     /// engine of `engine`'s settings: pre-initialised images, built once, not on every start
-    /// (`engine::snapshot::build_compiled`).
+    /// (`engine::preinit::build_compiled`).
     pub fn load_compiled<E: From<Error>>(
         &self,
         engine: &Engine,

@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 /// Who a slot is for: a token's fingerprint over HTTP, the local user over stdio.
 pub type Owner = Arc<str>;
 
+/// The owner of sandboxes created over stdio (one local user).
+pub const LOCAL_OWNER: &str = "local";
+
 /// Who asks for a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Class {

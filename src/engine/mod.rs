@@ -10,8 +10,8 @@ pub mod globals;
 pub mod limits;
 pub mod pool;
 pub mod prefault;
+pub mod preinit;
 pub mod progress;
-pub mod snapshot;
 pub mod state;
 pub mod threads;
 

@@ -21,8 +21,9 @@ use super::GUEST_THREAD_STACK;
 use super::{EngineError, Result};
 
 type Factory<T, E> = Box<dyn Fn() -> Result<T, E> + Send + Sync>;
-/// A pool's optional polish of a ready instance (see the module docs).
-pub type Polish<T, E = EngineError> = Box<dyn Fn(&mut T) -> Result<(), E> + Send + Sync>;
+/// A pool's optional work on its ready instances once it is full: their polish (see the module
+/// docs).
+pub type IdleWork<T, E = EngineError> = Box<dyn Fn(&mut T) -> Result<(), E> + Send + Sync>;
 
 /// A ready instance, and whether it has been polished.
 struct Item<T> {
@@ -61,7 +62,7 @@ struct Shared<T, E> {
     made_one: Condvar,
     target: usize,
     factory: Factory<T, E>,
-    polish: Option<Polish<T, E>>,
+    polish: Option<IdleWork<T, E>>,
     stop: AtomicBool,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -98,7 +99,7 @@ impl<T: Send + 'static, E: std::fmt::Display + Send + 'static> Pool<T, E> {
         target: usize,
         refill_threads: usize,
         factory: impl Fn() -> Result<T, E> + Send + Sync + 'static,
-        polish: Option<Polish<T, E>>,
+        polish: Option<IdleWork<T, E>>,
     ) -> Self {
         let shared = Arc::new(Shared {
             name: name.to_string(),
@@ -358,7 +359,7 @@ mod tests {
     /// target: the others must not make replacements for them.
     #[test]
     fn polishing_never_overfills_the_pool() {
-        let polish: Polish<u32> = Box::new(|_| {
+        let polish: IdleWork<u32> = Box::new(|_| {
             std::thread::sleep(Duration::from_millis(20));
             Ok(())
         });
@@ -388,7 +389,7 @@ mod tests {
     fn a_failed_polish_is_replaced() {
         let failed = Arc::new(AtomicBool::new(false));
         let f = failed.clone();
-        let polish: Polish<u32> = Box::new(move |_| {
+        let polish: IdleWork<u32> = Box::new(move |_| {
             if f.swap(true, Ordering::SeqCst) {
                 Ok(())
             } else {

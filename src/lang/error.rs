@@ -2,6 +2,7 @@
 //! engine's own.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use crate::engine::EngineError;
 
@@ -33,8 +34,17 @@ pub enum LangError {
     Engine(#[from] EngineError),
 }
 
+/// How a setup running in this process says how far it got (see [`set_setup_note`]).
+static SETUP_NOTE: OnceLock<fn() -> Option<String>> = OnceLock::new();
+
+/// Handed over by a setup when it starts in this process: its note (how far it got, or why it
+/// failed; `None` when none runs) words a missing runtime's error instead of the plain hint.
+pub fn set_setup_note(note: fn() -> Option<String>) {
+    let _ = SETUP_NOTE.set(note);
+}
+
 fn missing_hint() -> String {
-    crate::setup::progress_note().unwrap_or_else(|| {
+    SETUP_NOTE.get().and_then(|note| note()).unwrap_or_else(|| {
         "Run `wasmbox setup` (or ./fetch-runtimes.sh in a checkout), or point WASMBOX_RUNTIMES \
          at a runtimes directory"
             .into()

@@ -12,13 +12,13 @@ use std::time::Duration;
 use wasmtime::{Engine, Instance, InstancePre, Linker, Module};
 
 use super::guest::{Guest, GuestSpec, GuestState, engine_err};
+use super::live::{Session, SessionRuntime, StateKeyCell, StateKeyError};
 use super::mounts::{Layout, unlike_pooled};
-use super::session::{Session, SessionRuntime, StateKeyCell};
 use super::spare::{Spares, rebind_with};
 use super::{ExecRequest, ExecResult, Language, Place};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
-use crate::engine::pool::{Polish, Pool, PoolStats};
+use crate::engine::pool::{IdleWork, Pool, PoolStats};
 use crate::engine::state::{Pristine, Reset, StateKey};
 use crate::engine::threads::{drop_later, on_guest_stack, reap_later};
 
@@ -45,7 +45,7 @@ pub trait Flavour: Send + Sync + Sized + 'static {
     /// Gives a spare instance the pages a first run touches, as pooled instances have them.
     fn prefault(shared: &Shared<Self>, guest: &mut Guest, instance: &Instance);
     /// Work for pooled instances once the pool is full, if the language has any.
-    fn polish(_shared: &Arc<Shared<Self>>) -> Option<Polish<Ready, Error>> {
+    fn polish(_shared: &Arc<Shared<Self>>) -> Option<IdleWork<Ready, Error>> {
         None
     }
     /// Runs an armed one-shot in a ready instance, which is then reset for another or dropped.
@@ -158,7 +158,7 @@ impl Recycler {
             )));
         }
         let (mut guest, instance) = shared.instantiate_in(None)?;
-        let memory = super::session::exported_memory(&mut guest, &instance)?;
+        let memory = super::live::exported_memory(&mut guest, &instance)?;
         let reset = Pristine::of(&mut guest.store, &instance, memory)?;
         Ok(Self {
             pristine: Mutex::new((guest, memory)),
@@ -174,7 +174,7 @@ impl Recycler {
         guest: &mut Guest,
         instance: &Instance,
     ) -> Result<bool> {
-        let memory = super::session::exported_memory(guest, instance)?;
+        let memory = super::live::exported_memory(guest, instance)?;
         let reset = {
             let pristine = self.pristine.lock().unwrap();
             self.reset.reset(
@@ -436,7 +436,7 @@ impl<F: Flavour> SessionRuntime for ImageRuntime<F> {
         F::call(s, req, rich)
     }
 
-    fn state_key(&self) -> std::result::Result<Arc<StateKey>, String> {
+    fn state_key(&self) -> std::result::Result<Arc<StateKey>, StateKeyError> {
         self.shared.state_key.get()
     }
 

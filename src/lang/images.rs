@@ -1,6 +1,6 @@
 //! Images a run hands back: the matplotlib figures a Python turn leaves open (or shows).
 //!
-//! They reach the host through the guest's door (`host.call`), never through stdout or
+//! They reach the host through the guest's `host.call`, never through stdout or
 //! stderr, so nothing a run prints (its own output, a file it cats, a subprocess's) can pass
 //! for an image. The host bounds them here whatever the guest sends: a count and a total of
 //! base64 bytes, shared with rich mode, that keeps a whole answer well under rmcp's 16 MiB
@@ -38,7 +38,7 @@ impl ImageBudget {
     }
 }
 
-/// The frames of the door that carry figures: a PNG, a figure left out unrendered (past the
+/// The frames of `host.call` that carry figures: a PNG, a figure left out unrendered (past the
 /// count), a note from the guest (a figure that could not be rendered).
 const PNG_FRAME: &[u8] = b"wasmbox:png\n";
 const SKIP_FRAME: &[u8] = b"wasmbox:skip\n";
@@ -46,7 +46,7 @@ const NOTE_FRAME: &[u8] = b"wasmbox:note\n";
 const MAX_NOTES: usize = 4;
 const MAX_NOTE_BYTES: usize = 512;
 
-/// The largest frame the door reads for the budget's images (a bigger one is refused unread).
+/// The largest frame `host.call` reads for the budget's images (a bigger one is refused unread).
 pub fn max_frame(budget: &ImageBudget) -> usize {
     PNG_FRAME.len() + budget.max_base64_bytes / 4 * 3 + 3
 }
@@ -78,7 +78,7 @@ pub fn download_image(bytes: &[u8], whole: bool, base64_len: usize) -> Option<&'
 }
 
 /// What one run's turn handed over, within its budget. Unarmed (no budget), it takes nothing
-/// and the door answers as if no host were bound.
+/// and `host.call` answers as if no host were bound.
 #[derive(Debug, Default)]
 pub struct ImageSink {
     budget: Option<ImageBudget>,
@@ -102,7 +102,7 @@ impl ImageSink {
         self.budget.as_ref()
     }
 
-    /// Takes one door frame. `false` when it is not a figure frame or the sink is unarmed.
+    /// Takes one `host.call` frame. `false` when it is not a figure frame or the sink is unarmed.
     pub fn offer(&mut self, frame: &[u8]) -> bool {
         let Some(budget) = self.budget else {
             return false;

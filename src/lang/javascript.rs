@@ -14,12 +14,12 @@ use wasmtime::{Engine, Instance, Linker, Module, Store};
 
 use super::guest::{Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST, copy_in, engine_err};
 use super::image_runtime::{Flavour, ImageRuntime, PoolOptions, Ready, Shared};
-use super::session::{Session, exported_memory};
+use super::live::{Session, exported_memory};
 use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
 use crate::engine::prefault::PageSet;
-use crate::engine::snapshot;
+use crate::engine::preinit;
 use crate::engine::threads::on_guest_stack;
 
 /// `wb_eval` flag: print the completion value (REPL style), for sessions.
@@ -57,7 +57,7 @@ impl Flavour for JavaScript {
     }
 
     fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
-        crate::lang::door::linker(engine)
+        crate::lang::host_call::linker(engine)
     }
 
     /// Which pages a fresh instance's first small eval writes and reads, measured on a
@@ -255,7 +255,7 @@ fn init(store: &mut Store<GuestState>, instance: &Instance) -> wasmtime::Result<
 pub fn image_key(module_sha: &str) -> String {
     let mut d = Sha256::new();
     d.update(b"wasmbox-javascript-image-v3\0");
-    d.update(snapshot::IMAGE_FORMAT.as_bytes());
+    d.update(preinit::IMAGE_FORMAT.as_bytes());
     d.update(b"\0");
     d.update(module_sha.as_bytes());
     hex::encode(d.finalize())
@@ -275,8 +275,8 @@ fn load_image(
         // production preopen layout (a fresh /workspace and /tmp, as every sandbox has, and
         // the mount slots with nothing lent below them, as on every server).
         on_guest_stack("javascript image", || {
-            snapshot::build_compiled(&wasm, "javascript image", |module| {
-                let linker = crate::lang::door::linker(module.engine())?;
+            preinit::build_compiled(&wasm, "javascript image", |module| {
+                let linker = crate::lang::host_call::linker(module.engine())?;
                 let spec = GuestSpec {
                     mounts: super::mounts::none(),
                     ..spec()

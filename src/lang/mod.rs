@@ -4,17 +4,18 @@
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod disk_probe;
-pub mod door;
 mod error;
 pub mod go;
 pub mod guest;
+pub mod host_call;
 pub mod image_runtime;
 pub mod images;
 pub mod javascript;
+pub mod live;
 pub mod mounts;
+pub mod outcome;
 pub mod python;
 pub(crate) mod scratch;
-pub mod session;
 pub mod spare;
 pub mod wasi;
 
@@ -27,7 +28,7 @@ use serde::Serialize;
 
 use crate::engine::limits::{CappedOutput, LimitHit, Stop};
 use LangError as Error;
-pub use error::{LangError, Result};
+pub use error::{LangError, Result, set_setup_note};
 
 /// A language a caller can ask for. Parsing accepts the usual aliases.
 #[derive(
@@ -100,7 +101,7 @@ pub struct ExecRequest {
     pub images: Option<images::ImageBudget>,
     /// Whose call it is: the CPU slots are shared between owners (`engine::cpu`).
     pub owner: crate::engine::cpu::Owner,
-    /// What the run's guest may reach through the door (`None`: nothing).
+    /// What the run's guest may reach through `host.call` (`None`: nothing).
     pub reach: Option<Arc<crate::reach::Reach>>,
     /// Installed packages' trees (guest paths) a Python run has on `sys.path`, after the
     /// bundled ones.

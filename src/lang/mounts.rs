@@ -22,6 +22,52 @@ use std::sync::Arc;
 use super::guest::MOUNT_SLOTS;
 use crate::engine::disk::{DiskBudget, Quota};
 
+/// Why folders could not be lent; each names the setting (or `--mount`) at fault, and stops the
+/// server at start.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("{setting}: {spec:?}: {why}")]
+    Spec {
+        setting: String,
+        spec: String,
+        why: String,
+    },
+    #[error("{setting}: {first} and {second} overlap: give each folder its own place")]
+    Overlap {
+        setting: String,
+        first: String,
+        second: String,
+    },
+    #[error("{setting}: {}: {source}", host.display())]
+    Open {
+        setting: String,
+        host: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{setting}: measuring {}: {source}", host.display())]
+    Measure {
+        setting: String,
+        host: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{name}: {value:?} is not a whole number")]
+    NotANumber { name: &'static str, value: String },
+    #[error("{which}: expected TOKEN=HOST_DIR:GUEST_PATH[:ro|rw],...")]
+    TokenEntry { which: String },
+    #[error("{which}: its token is not one of WASMBOX_TOKEN's (the tokens this server serves)")]
+    UnknownToken { which: String },
+    #[error(
+        "{which}: {} is lent rw to two tokens, whose rooms would add up: lend it rw to one",
+        host.display()
+    )]
+    SharedRw { which: String, host: PathBuf },
+    #[error("{which}: the token has an entry already")]
+    TokenTwice { which: String },
+    /// The server's mounts (`"mounts"`) or the tokens' (`"token mounts"`) were set before.
+    #[error("the {0} were already set")]
+    AlreadySet(&'static str),
+}
+
 /// One lent folder.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mount {
@@ -33,8 +79,12 @@ pub struct Mount {
 
 impl Mount {
     /// `HOST:GUEST[:ro|rw]`; the host folder must exist (named in the error with `setting`).
-    pub fn parse(spec: &str, setting: &str) -> Result<Self, String> {
-        let bad = |why: &str| format!("{setting}: {spec:?}: {why}");
+    pub fn parse(spec: &str, setting: &str) -> Result<Self, MountError> {
+        let bad = |why: &str| MountError::Spec {
+            setting: setting.to_string(),
+            spec: spec.to_string(),
+            why: why.to_string(),
+        };
         let (rest, writable) = match spec.rsplit_once(':') {
             Some((rest, "rw")) => (rest, true),
             Some((rest, "ro")) => (rest, false),
@@ -84,12 +134,50 @@ pub struct Layout {
 const ROOM_MB: u64 = 1024;
 const ROOM_FILES: u64 = 10_000;
 
+/// The environment's mount settings as given (part of [`crate::Config`]): they are checked
+/// when the folders are lent, where a bad one stops the start naming itself.
+#[derive(Clone, Debug, Default)]
+pub struct MountSettings {
+    /// `WASMBOX_MOUNTS`: comma-separated `HOST:GUEST[:ro|rw]`.
+    pub mounts: Option<String>,
+    /// `WASMBOX_MOUNT_DISK_MB`: what guests may add to each `rw` folder, in MiB.
+    pub room_mb: Option<String>,
+    /// `WASMBOX_MOUNT_FILES`: how many entries guests may add to each `rw` folder.
+    pub room_files: Option<String>,
+}
+
+impl MountSettings {
+    pub fn from_env() -> Self {
+        Self {
+            mounts: std::env::var("WASMBOX_MOUNTS").ok(),
+            room_mb: std::env::var("WASMBOX_MOUNT_DISK_MB").ok(),
+            room_files: std::env::var("WASMBOX_MOUNT_FILES").ok(),
+        }
+    }
+
+    /// What guests may add to each `rw` folder.
+    fn room(&self) -> Result<Quota, MountError> {
+        let num = |name: &'static str, given: &Option<String>, default: u64| match given {
+            Some(v) => v.trim().parse::<u64>().map_err(|_| MountError::NotANumber {
+                name,
+                value: v.clone(),
+            }),
+            None => Ok(default),
+        };
+        Ok(Quota {
+            max_bytes: num("WASMBOX_MOUNT_DISK_MB", &self.room_mb, ROOM_MB)?
+                .saturating_mul(1 << 20),
+            max_entries: num("WASMBOX_MOUNT_FILES", &self.room_files, ROOM_FILES)?,
+        })
+    }
+}
+
 impl Layout {
     /// The server's mounts: `WASMBOX_MOUNTS` (comma-separated) and then `--mount` flags, each
     /// `rw` one with room for `WASMBOX_MOUNT_DISK_MB` and `WASMBOX_MOUNT_FILES` more.
-    pub fn from_settings(flags: &[String]) -> Result<Self, String> {
+    pub fn from_settings(settings: &MountSettings, flags: &[String]) -> Result<Self, MountError> {
         let mut mounts = Vec::new();
-        if let Ok(v) = std::env::var("WASMBOX_MOUNTS") {
+        if let Some(v) = &settings.mounts {
             for spec in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                 mounts.push(Mount::parse(spec, "WASMBOX_MOUNTS")?);
             }
@@ -97,20 +185,21 @@ impl Layout {
         for spec in flags {
             mounts.push(Mount::parse(spec, "--mount")?);
         }
-        Self::new(mounts, "WASMBOX_MOUNTS/--mount", room()?)
+        Self::new(mounts, "WASMBOX_MOUNTS/--mount", settings.room()?)
     }
 
     /// Checks that no two mounts overlap (one at a slot leaves no room below it), opens each
     /// folder, and measures each `rw` one: guests may add `room` to what it holds now.
-    pub fn new(mounts: Vec<Mount>, setting: &str, room: Quota) -> Result<Self, String> {
+    pub fn new(mounts: Vec<Mount>, setting: &str, room: Quota) -> Result<Self, MountError> {
         for (i, a) in mounts.iter().enumerate() {
             for b in &mounts[..i] {
                 let within = |x: &str, y: &str| x == y || x.starts_with(&format!("{y}/"));
                 if within(&a.guest, &b.guest) || within(&b.guest, &a.guest) {
-                    return Err(format!(
-                        "{setting}: {} and {} overlap: give each folder its own place",
-                        b.guest, a.guest
-                    ));
+                    return Err(MountError::Overlap {
+                        setting: setting.to_string(),
+                        first: b.guest.clone(),
+                        second: a.guest.clone(),
+                    });
                 }
             }
         }
@@ -119,7 +208,11 @@ impl Layout {
             .map(|m| {
                 cap_std::fs::Dir::open_ambient_dir(&m.host, cap_std::ambient_authority())
                     .map(std::sync::Arc::new)
-                    .map_err(|e| format!("{setting}: {}: {e}", m.host.display()))
+                    .map_err(|source| MountError::Open {
+                        setting: setting.to_string(),
+                        host: m.host.clone(),
+                        source,
+                    })
             })
             .collect::<Result<_, _>>()?;
         let budgets = mounts
@@ -128,7 +221,11 @@ impl Layout {
                 m.writable
                     .then(|| DiskBudget::growth(m.host.clone(), &m.guest, room))
                     .transpose()
-                    .map_err(|e| format!("{setting}: measuring {}: {e}", m.host.display()))
+                    .map_err(|source| MountError::Measure {
+                        setting: setting.to_string(),
+                        host: m.host.clone(),
+                        source,
+                    })
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {
@@ -170,14 +267,16 @@ impl Layout {
 /// Over HTTP, each token's lent folders (`WASMBOX_TOKEN_MOUNTS`): `TOKEN=MOUNT,MOUNT;TOKEN=...`,
 /// each mount as in `WASMBOX_MOUNTS`. Keyed by the token's owner id (`owner_of`), which is
 /// what calls carry; a token the server does not serve, or an `rw` folder lent to two tokens
-/// (whose rooms would add up), stops the server at start.
+/// (whose rooms would add up), stops the server at start. Each `rw` folder has the room
+/// `settings` give.
 pub fn token_layouts(
     spec: &str,
     tokens: &[String],
     owner_of: impl Fn(&str) -> String,
-) -> Result<HashMap<String, Layout>, String> {
+    settings: &MountSettings,
+) -> Result<HashMap<String, Layout>, MountError> {
     const SETTING: &str = "WASMBOX_TOKEN_MOUNTS";
-    let room = room()?;
+    let room = settings.room()?;
     let mut out = HashMap::new();
     let mut rw: Vec<PathBuf> = Vec::new();
     for (n, entry) in spec.split(';').map(str::trim).enumerate() {
@@ -187,11 +286,11 @@ pub fn token_layouts(
         let which = format!("{SETTING} entry {}", n + 1);
         let (token, mounts) = entry
             .split_once('=')
-            .ok_or_else(|| format!("{which}: expected TOKEN=HOST_DIR:GUEST_PATH[:ro|rw],..."))?;
+            .ok_or_else(|| MountError::TokenEntry {
+                which: which.clone(),
+            })?;
         if !tokens.iter().any(|t| t == token.trim()) {
-            return Err(format!(
-                "{which}: its token is not one of WASMBOX_TOKEN's (the tokens this server serves)"
-            ));
+            return Err(MountError::UnknownToken { which });
         }
         let mounts = mounts
             .split(',')
@@ -204,51 +303,36 @@ pub fn token_layouts(
                 .iter()
                 .any(|h| h.starts_with(&m.host) || m.host.starts_with(h))
             {
-                return Err(format!(
-                    "{which}: {} is lent rw to two tokens, whose rooms would add up: lend it rw to one",
-                    m.host.display()
-                ));
+                return Err(MountError::SharedRw {
+                    which,
+                    host: m.host.clone(),
+                });
             }
             rw.push(m.host.clone());
         }
         let owner = owner_of(token.trim());
         if out.contains_key(&owner) {
-            return Err(format!("{which}: the token has an entry already"));
+            return Err(MountError::TokenTwice { which });
         }
         out.insert(owner, Layout::new(mounts, &which, room)?);
     }
     Ok(out)
 }
 
-/// What guests may add to each `rw` folder (`WASMBOX_MOUNT_DISK_MB`, `WASMBOX_MOUNT_FILES`).
-fn room() -> Result<Quota, String> {
-    let num = |name: &str, default: u64| match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| format!("{name}: {v:?} is not a whole number")),
-        Err(_) => Ok(default),
-    };
-    Ok(Quota {
-        max_bytes: num("WASMBOX_MOUNT_DISK_MB", ROOM_MB)?.saturating_mul(1 << 20),
-        max_entries: num("WASMBOX_MOUNT_FILES", ROOM_FILES)?,
-    })
-}
-
 static SERVER: std::sync::OnceLock<Layout> = std::sync::OnceLock::new();
 static TOKENS: std::sync::OnceLock<HashMap<String, Layout>> = std::sync::OnceLock::new();
 
 /// Sets each HTTP token's lent folders, by owner id (once, at start).
-pub fn set_token_layouts(layouts: HashMap<String, Layout>) -> Result<(), String> {
+pub fn set_token_layouts(layouts: HashMap<String, Layout>) -> Result<(), MountError> {
     TOKENS
         .set(layouts)
-        .map_err(|_| "the token mounts were already set".to_string())
+        .map_err(|_| MountError::AlreadySet("token mounts"))
 }
 
 /// The folders lent to `owner`'s code and file tools: the server's for the local user, a
 /// token's own over HTTP (none unless `WASMBOX_TOKEN_MOUNTS` gives it some).
 pub fn for_owner(owner: &str) -> &'static Layout {
-    if owner == crate::sandbox::LOCAL_OWNER {
+    if owner == crate::engine::cpu::LOCAL_OWNER {
         return server_layout();
     }
     TOKENS.get().and_then(|t| t.get(owner)).unwrap_or(&EMPTY)
@@ -276,10 +360,10 @@ static EMPTY: Layout = Layout {
 };
 
 /// Sets the mounts every guest of this process gets (once, at start).
-pub fn set_server_layout(layout: Layout) -> Result<(), String> {
+pub fn set_server_layout(layout: Layout) -> Result<(), MountError> {
     SERVER
         .set(layout)
-        .map_err(|_| "the mounts were already set".to_string())
+        .map_err(|_| MountError::AlreadySet("mounts"))
 }
 
 /// The mounts the local user's guests get, and pooled instances are made with (none unless set).
@@ -444,7 +528,7 @@ mod tests {
             h.clone(),
         ] {
             let e = Mount::parse(&bad, "WASMBOX_MOUNTS").unwrap_err();
-            assert!(e.starts_with("WASMBOX_MOUNTS: "), "{e}");
+            assert!(e.to_string().starts_with("WASMBOX_MOUNTS: "), "{e}");
         }
         let a = Mount::parse(&format!("{h}:/data"), "X").unwrap();
         let b = Mount::parse(&format!("{h}:/data/x"), "X").unwrap();

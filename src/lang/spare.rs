@@ -72,7 +72,7 @@ struct Spare {
 
 /// A fresh instance for a session's state, and the host pages already its own (none unless
 /// it is a spare): [`crate::engine::state::restore`]'s `ahead`.
-pub struct Made {
+pub struct FreshInstance {
     pub guest: Guest,
     pub instance: Instance,
     pub ahead: Vec<Range<u64>>,
@@ -110,7 +110,12 @@ impl Spares {
 
     /// The spare, moved into `place` with its clock reading `clock`, when there is one whose
     /// memory is no bigger than `memory_pages` (the state it is for; memory cannot shrink).
-    pub fn take(&self, place: Option<&Place>, clock: Duration, memory_pages: u64) -> Option<Made> {
+    pub fn take(
+        &self,
+        place: Option<&Place>,
+        clock: Duration,
+        memory_pages: u64,
+    ) -> Option<FreshInstance> {
         let pool = self.pool.get()?;
         let mut spare = pool.take_within(WAIT)?;
         pool.refill();
@@ -119,7 +124,7 @@ impl Spares {
             return None;
         }
         match (self.rebind)(&mut spare.guest, place, clock) {
-            Ok(()) => Some(Made {
+            Ok(()) => Some(FreshInstance {
                 guest: spare.guest,
                 instance: spare.instance,
                 ahead: spare.ahead,
@@ -166,7 +171,7 @@ impl Spares {
 fn made_ahead(make: &Make, plan: &Mutex<Plan>) -> Result<Spare> {
     let plan = plan.lock().unwrap().clone();
     let (mut guest, instance) = make()?;
-    let memory = super::session::exported_memory(&mut guest, &instance)?;
+    let memory = super::live::exported_memory(&mut guest, &instance)?;
     let now = memory.size(&guest.store);
     if plan.memory_pages > now {
         memory

@@ -1,6 +1,7 @@
-//! Files: what a file costs on disk and who it is, private modes, and opening a directory's
-//! entry without following it. Unix (Linux and macOS) gives all of it; Windows has no block
-//! counts, no inode numbers from a listing and no modes, and each has a named fallback here.
+//! Files: what a file costs on disk and who it is, private modes, opening a directory's entry
+//! without following it, and writes that replace a file whole. Unix (Linux and macOS) gives all
+//! of it; Windows has no block counts, no inode numbers from a listing and no modes, and each
+//! has a named fallback here.
 
 use std::ffi::OsStr;
 use std::io;
@@ -212,6 +213,56 @@ pub fn reflink(from: &File, out: &File) -> bool {
         let _ = (from, out);
         false
     }
+}
+
+/// Writes `path` so that a crash or a concurrent writer leaves the old or the new content,
+/// never a mix: a temp file of a unique name beside it, synced, renamed over it, and the
+/// directory synced so the rename itself survives a power cut.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_replacing(path, bytes, true)
+}
+
+/// As [`write_atomic`], synced to disk only with `sync`: without, a crash of the process still
+/// leaves the old or the new content, and only a power cut may lose the write (see
+/// [`sync_written`]).
+pub fn write_replacing(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(
+        "{name}.{}-{}.tmp",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let written = (|| {
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create_new(true);
+        private_file(&mut o);
+        let mut f = o.open(&tmp)?;
+        f.write_all(bytes)?;
+        if sync {
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        if sync {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Syncs to disk what [`write_replacing`] wrote to `path` without syncing: the file, then its
+/// directory (the rename).
+pub fn sync_written(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()?;
+    std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
 }
 
 #[cfg(test)]

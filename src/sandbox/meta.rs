@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::Sandbox;
+use crate::platform::fs::{sync_written, write_replacing};
 
 /// What `meta.json` keeps of a sandbox: enough to adopt its files after a restart.
 #[derive(Serialize, Deserialize)]
@@ -23,57 +24,7 @@ pub(super) struct Meta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) allow_hosts: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(super) packages: Vec<crate::packages::Tree>,
-}
-
-/// Writes `path` so that a crash or a concurrent writer leaves the old or the new content,
-/// never a mix: a temp file of a unique name beside it, synced, renamed over it, and the
-/// directory synced so the rename itself survives a power cut.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write_replacing(path, bytes, true)
-}
-
-/// As [`write_atomic`], synced to disk only with `sync`: without, a crash of the process still
-/// leaves the old or the new content, and only a power cut may lose the write (see
-/// [`sync_written`]).
-pub(crate) fn write_replacing(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(
-        "{name}.{}-{}.tmp",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    ));
-    let written = (|| {
-        let mut o = std::fs::OpenOptions::new();
-        o.write(true).create_new(true);
-        crate::platform::fs::private_file(&mut o);
-        let mut f = o.open(&tmp)?;
-        f.write_all(bytes)?;
-        if sync {
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, path)?;
-        if sync {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
-}
-
-/// Syncs to disk what [`write_replacing`] wrote to `path` without syncing: the file, then its
-/// directory (the rename).
-pub(crate) fn sync_written(path: &Path) -> std::io::Result<()> {
-    std::fs::File::open(path)?.sync_all()?;
-    std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+    pub(super) packages: Vec<crate::lang::python::PackageTree>,
 }
 
 /// A persistent sandbox's claim on its directory: the locked `lock` file, held while it lives.

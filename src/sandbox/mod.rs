@@ -44,7 +44,7 @@ use crate::session::{SESSION_LANGUAGES, SlotLock};
 use fs::{Quota, Workspace, rfc3339};
 use jobs::Job;
 use meta::Claim;
-pub(crate) use meta::{from_unix_ms, has_id_shape, unix_ms, write_atomic, write_replacing};
+pub(crate) use meta::{from_unix_ms, has_id_shape, unix_ms};
 pub use quarantine::Quarantined;
 pub use registry::Sandboxes;
 pub use templates::{TEMPLATES, Template, template};
@@ -84,9 +84,6 @@ pub struct SandboxConfig {
     /// the least recently used are saved to disk and freed.
     pub max_live_sessions: usize,
 }
-
-/// The owner of sandboxes created over stdio (one local user).
-pub const LOCAL_OWNER: &str = "local";
 
 /// Why a sandbox operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -159,7 +156,7 @@ struct Lifetime {
 pub struct Sandbox {
     pub id: String,
     pub template: &'static Template,
-    /// Who may see and use it: [`LOCAL_OWNER`] over stdio, a token's fingerprint over HTTP.
+    /// Who may see and use it: [`crate::engine::cpu::LOCAL_OWNER`] over stdio, a token's fingerprint over HTTP.
     pub owner: String,
     claim: Option<Claim>,
     pub created_at: SystemTime,
@@ -168,7 +165,7 @@ pub struct Sandbox {
     /// Hosts its runs may reach, within the server's `WASMBOX_ALLOW_HOSTS` (`None`: all of those).
     allow_hosts: Mutex<Option<Vec<String>>>,
     /// Python packages installed into it: trees of the shared store, on its `sys.path`.
-    packages: Mutex<Vec<crate::packages::Tree>>,
+    packages: Mutex<Vec<crate::lang::python::PackageTree>>,
     pub fs: Arc<Workspace>,
     /// Raised when the sandbox goes: whatever still runs in it stops.
     pub stop: Arc<Stop>,
@@ -325,17 +322,17 @@ impl Sandbox {
     }
 
     /// Its installed packages.
-    pub fn packages(&self) -> Vec<crate::packages::Tree> {
+    pub fn packages(&self) -> Vec<crate::lang::python::PackageTree> {
         self.packages.lock().unwrap().clone()
     }
 
     /// Sets its packages (a fork's or a snapshot's, not yet saved).
-    pub fn packages_mut(&self) -> std::sync::MutexGuard<'_, Vec<crate::packages::Tree>> {
+    pub fn packages_mut(&self) -> std::sync::MutexGuard<'_, Vec<crate::lang::python::PackageTree>> {
         self.packages.lock().unwrap()
     }
 
     /// Adds installed trees, each replacing one of the same name, and saves the list.
-    pub fn add_packages(&self, trees: impl IntoIterator<Item = crate::packages::Tree>) {
+    pub fn add_packages(&self, trees: impl IntoIterator<Item = crate::lang::python::PackageTree>) {
         {
             let mut have = self.packages.lock().unwrap();
             for t in trees {

@@ -6,9 +6,11 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::meta::{valid_id, write_atomic};
+use super::Sandboxes;
+use super::meta::valid_id;
 use super::registry::Root;
-use super::{LOCAL_OWNER, Sandboxes};
+use crate::engine::cpu::LOCAL_OWNER;
+use crate::platform::fs::write_atomic;
 
 /// Why a directory was quarantined, kept beside its files (`quarantine.json`).
 #[derive(Serialize, Deserialize)]

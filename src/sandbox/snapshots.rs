@@ -12,8 +12,9 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::budget::{self, Ledger, Over, Reservation};
-use super::{from_unix_ms, unix_ms, write_atomic};
+use super::{from_unix_ms, unix_ms};
 use crate::lang::Language;
+use crate::platform::fs::write_atomic;
 
 /// What `meta.json` of a snapshot keeps.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -26,7 +27,7 @@ pub struct SnapshotMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_hosts: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub packages: Vec<crate::packages::Tree>,
+    pub packages: Vec<crate::lang::python::PackageTree>,
     pub created_at_ms: u64,
     /// The languages whose sessions it holds.
     pub languages: Vec<Language>,

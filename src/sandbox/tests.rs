@@ -4,6 +4,7 @@ use std::time::Duration;
 use super::fs::Quota;
 use super::meta::{Meta, valid_id};
 use super::*;
+use crate::engine::cpu::LOCAL_OWNER;
 
 fn config(data: &Path) -> SandboxConfig {
     SandboxConfig {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::engine::state::InstanceState;
 use crate::lang::guest::{EXIT_CANCELLED, EXIT_KILLED};
-use crate::lang::session::{self, Session, SessionRuntime};
+use crate::lang::live::{self, Session, SessionRuntime};
 use crate::lang::{ExecRequest, ExecResult, Language};
 use crate::sandbox::budget::StateGate;
 
@@ -94,7 +94,7 @@ pub fn write(
         b.create(dir)
             .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
-    crate::sandbox::write_atomic(path, &bytes)
+    crate::platform::fs::write_atomic(path, &bytes)
         .map_err(|e| format!("writing {}: {e}", path.display()))?;
     Ok(Saved {
         bytes: bytes.len() as u64,
@@ -135,7 +135,7 @@ fn lost_marker(state_path: &Path) -> std::path::PathBuf {
 /// the process, not the host (unsaved turns do not either).
 pub fn note_lost(state_path: &Path, why: &str) {
     let _ = std::fs::create_dir_all(state_path.parent().unwrap_or(Path::new(".")));
-    let _ = crate::sandbox::write_replacing(&lost_marker(state_path), why.as_bytes(), false);
+    let _ = crate::platform::fs::write_replacing(&lost_marker(state_path), why.as_bytes(), false);
 }
 
 /// A state file while it is restored: set aside, so that a restore that cannot finish puts it
@@ -157,7 +157,7 @@ fn note_path(state_path: &Path) -> std::path::PathBuf {
 /// What a server stopped mid-call leaves: the turn before the call, to be restored with `note`.
 fn keep_before(state_path: &Path, note: &str) {
     if std::fs::rename(before_path(state_path), state_path).is_ok() {
-        let _ = crate::sandbox::write_atomic(&note_path(state_path), note.as_bytes());
+        let _ = crate::platform::fs::write_atomic(&note_path(state_path), note.as_bytes());
     }
 }
 
@@ -234,7 +234,7 @@ pub fn restore(
         }
     };
     let reseed = reseed_marker(path).is_file();
-    let restored = session::restore(rt, req, &st).and_then(|(mut s, n)| {
+    let restored = live::restore(rt, req, &st).and_then(|(mut s, n)| {
         if reseed {
             rt.reseed(&mut s)?;
         }
@@ -365,7 +365,7 @@ impl Slot {
         req: &ExecRequest,
         target: &mut Slot,
     ) -> Result<Vec<String>, String> {
-        let (mut child, notes) = session::fork(rt, self.live()?, req).map_err(|e| e.to_string())?;
+        let (mut child, notes) = live::fork(rt, self.live()?, req).map_err(|e| e.to_string())?;
         rt.reseed(&mut child).map_err(|e| e.to_string())?;
         target.state = State::Live {
             session: child,

@@ -177,6 +177,7 @@ impl Setup {
 
 /// Fetches and checks the runtimes `opts` names.
 pub async fn run(opts: Options) -> Result<()> {
+    crate::lang::set_setup_note(progress_note);
     *status() = Status::Running {
         left: 1,
         step: "starting".into(),

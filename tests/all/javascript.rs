@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::{Value, json};
 use wasmbox::lang::javascript::JsRuntime;
-use wasmbox::lang::session::SessionRuntime;
+use wasmbox::lang::live::SessionRuntime;
 
 async fn js(c: &Client, code: &str) -> Value {
     let r = call(

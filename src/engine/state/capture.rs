@@ -125,7 +125,7 @@ pub(super) fn rewritten(
     let Some(ours) = instance.get_memory(&mut store, MEMORY_EXPORT) else {
         return Err(Error::Wasm(format!(
             "cannot {verb}: the instance's module does not export its globals (not an image \
-             built by engine::snapshot::build)"
+             built by engine::preinit::build)"
         )));
     };
     if ours.data_ptr(&store) != memory.data_ptr(&store) {

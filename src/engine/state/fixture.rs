@@ -47,7 +47,7 @@ fn engine_err(e: wasmtime::Error) -> Error {
 pub(super) fn build_image(wat: &str) -> Vec<u8> {
     let engine = Engine::default();
     let wasm = wat::parse_str(wat).unwrap();
-    crate::engine::snapshot::build(&engine, &wasm, "test image", |module| {
+    crate::engine::preinit::build(&engine, &wasm, "test image", |module| {
         let mut store = Store::new(module.engine(), ());
         let instance = Instance::new(&mut store, module, &[]).map_err(engine_err)?;
         instance

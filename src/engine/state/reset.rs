@@ -41,7 +41,7 @@ pub enum Reset {
 
 impl Pristine {
     /// Reads what a reset from `instance` needs. `instance` must be one of an image built by
-    /// `engine::snapshot::build` (its globals exported), and must not run afterwards.
+    /// `engine::preinit::build` (its globals exported), and must not run afterwards.
     pub fn of(mut store: impl AsContextMut, instance: &Instance, memory: Memory) -> Result<Self> {
         rewritten(&mut store, instance, memory, "reset instances")?;
         let mut globals = Vec::new();

@@ -205,7 +205,7 @@ pub(super) fn timeout_result(stage: Stage, req: &ExecRequest, start: Instant) ->
         stdout: String::new(),
         stderr: format!(
             "wasmbox: execution stopped: the deadline ({}) was reached while {}\n",
-            crate::lang::guest::deadline_text(req.timeout),
+            crate::lang::outcome::deadline_text(req.timeout),
             match stage {
                 Stage::Compile => "building the Go program (stage: compile)",
                 Stage::Run => "running the Go program (stage: run)",

@@ -117,8 +117,8 @@ impl GoRuntime {
     pub fn load(runtimes_dir: &Path, cache_dir: &Path, optimizing: &Engine) -> Result<Self> {
         let toolchain = GoToolchain::find(runtimes_dir)?;
         let engine = build_engine_with(Strategy::Winch)?;
-        let linker = crate::lang::door::linker(&engine)?;
-        let optimizing_linker = crate::lang::door::linker(optimizing)?;
+        let linker = crate::lang::host_call::linker(&engine)?;
+        let optimizing_linker = crate::lang::host_call::linker(optimizing)?;
         let wasm_dir = cache_dir.join("go-wasm");
         let modules_dir = cache_dir.join("go-modules");
         for d in [&wasm_dir, &modules_dir] {
@@ -229,7 +229,7 @@ impl GoRuntime {
         let deadline = start + req.timeout;
         let source = match prepare_source(&req.code) {
             Ok(s) => s,
-            Err(msg) => return Ok(compile_result(1, msg, req, start)),
+            Err(cgo) => return Ok(compile_result(1, cgo.to_string(), req, start)),
         };
         let loaded = match self.module_for(&source, req, start, deadline)? {
             Built::Ready(l) => l,

@@ -1,11 +1,21 @@
 //! A snippet as the toolchain sees it: `package main` and `func main` added where the snippet
 //! leaves them out, with line directives so errors name the snippet's own lines.
 
+/// A snippet that imports cgo (at `line`, from 1), refused as the toolchain would word it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "./main.go:{line}:1: cgo (import \"C\") is not supported: wasmbox builds Go for \
+     GOOS=wasip1 with CGO_ENABLED=0; use only the standard library\n"
+)]
+pub struct CgoRefused {
+    pub line: usize,
+}
+
 /// The file the toolchain builds: the snippet itself when it has a `package` clause; otherwise
 /// `package main` is added (and, when it has no `func` declarations at all, its statements are
 /// wrapped in `func main`), with `/*line*/` directives so positions still name the snippet's
 /// own lines and columns. cgo is refused.
-pub fn prepare_source(code: &str) -> std::result::Result<String, String> {
+pub fn prepare_source(code: &str) -> std::result::Result<String, CgoRefused> {
     let lines: Vec<&str> = code.lines().collect();
     let mut in_import_block = false;
     for (i, l) in lines.iter().enumerate() {
@@ -20,11 +30,7 @@ pub fn prepare_source(code: &str) -> std::result::Result<String, String> {
             || t.starts_with("import \"C\"//")
             || (in_import_block && (t == "\"C\"" || t.starts_with("\"C\" ")));
         if cgo {
-            return Err(format!(
-                "./main.go:{}:1: cgo (import \"C\") is not supported: wasmbox builds Go for \
-                 GOOS=wasip1 with CGO_ENABLED=0; use only the standard library\n",
-                i + 1
-            ));
+            return Err(CgoRefused { line: i + 1 });
         }
     }
     if has_package_clause(&lines) {

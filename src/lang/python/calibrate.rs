@@ -10,7 +10,7 @@ use super::{Error, Python, Result};
 use crate::engine::prefault::PageSet;
 use crate::lang::guest::{Guest, GuestState};
 use crate::lang::image_runtime::Shared;
-use crate::lang::session::exported_memory;
+use crate::lang::live::exported_memory;
 
 /// Measures what [`FastReady`] needs on throwaway instances: where the random generators'
 /// states are, and which pages small first turns map after the polish. Without an image (or
@@ -48,8 +48,8 @@ fn measure_fast_ready(shared: &Shared<Python>) -> Result<FastReady> {
     let rngs = report
         .lines()
         .map(|line| RngState::locate(memory.data(&guest.store), line))
-        .collect::<std::result::Result<Vec<_>, String>>()
-        .map_err(|e| fail(&e))?;
+        .collect::<std::result::Result<Vec<_>, Unlocated>>()
+        .map_err(|e| fail(&e.to_string()))?;
     drop(guest);
     // Which pages: those a pooled instance writes, polished and then given a small turn
     // (each sample on its own instance). The polish moves the heap on, so a turn after it
@@ -114,30 +114,55 @@ struct RngState {
     index: usize,
 }
 
+/// Why a generator the probe reported was not found in memory (`kind`: which generator).
+#[derive(Debug, thiserror::Error)]
+enum Unlocated {
+    #[error("{kind}: unreadable probe output ({error})")]
+    Unreadable {
+        kind: String,
+        error: std::num::ParseIntError,
+    },
+    #[error("{0}: short probe output")]
+    Short(String),
+    #[error("{kind}: {words} state words, not {MT_WORDS}")]
+    Words { kind: String, words: usize },
+    #[error("{0}: a cached value would repeat in every instance")]
+    Cached(String),
+    #[error("{kind}: object address {addr} is outside memory")]
+    Outside { kind: String, addr: usize },
+    #[error("{0}: state not found in its object")]
+    NotFound(String),
+    #[error("unknown generator {0}")]
+    UnknownGenerator(String),
+    #[error("{0}: its index is not where expected")]
+    Index(String),
+}
+
 impl RngState {
     /// Finds a generator reported by [`RNG_PROBE`] in `memory`: its words within its object,
     /// and its index where the runtime's layout puts it (CPython's `RandomObject` has it
     /// before the words, numpy's `mt19937_state` after), both checked against the report.
-    fn locate(memory: &[u8], line: &str) -> std::result::Result<Self, String> {
+    fn locate(memory: &[u8], line: &str) -> std::result::Result<Self, Unlocated> {
         let mut it = line.split_whitespace();
         let kind = it.next().unwrap_or_default().to_string();
         let nums = it
             .map(|w| w.parse::<u64>())
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| format!("{kind}: unreadable probe output ({e})"))?;
+            .map_err(|error| Unlocated::Unreadable {
+                kind: kind.clone(),
+                error,
+            })?;
         let [addr, cached, pos, words @ ..] = nums.as_slice() else {
-            return Err(format!("{kind}: short probe output"));
+            return Err(Unlocated::Short(kind));
         };
         if words.len() != MT_WORDS {
-            return Err(format!(
-                "{kind}: {} state words, not {MT_WORDS}",
-                words.len()
-            ));
+            return Err(Unlocated::Words {
+                kind,
+                words: words.len(),
+            });
         }
         if *cached != 0 {
-            return Err(format!(
-                "{kind}: a cached value would repeat in every instance"
-            ));
+            return Err(Unlocated::Cached(kind));
         }
         let bytes: Vec<u8> = words
             .iter()
@@ -147,23 +172,26 @@ impl RngState {
         // The words sit near the object's head (after its header and a few fields).
         let window = memory
             .get(addr..(addr + 512 + bytes.len()).min(memory.len()))
-            .ok_or_else(|| format!("{kind}: object address {addr} is outside memory"))?;
+            .ok_or_else(|| Unlocated::Outside {
+                kind: kind.clone(),
+                addr,
+            })?;
         let at = window
             .windows(bytes.len())
             .position(|w| w == bytes)
-            .ok_or_else(|| format!("{kind}: state not found in its object"))?;
+            .ok_or_else(|| Unlocated::NotFound(kind.clone()))?;
         let state = addr + at;
         let index = match kind.as_str() {
             "random" => state.checked_sub(4),
             "numpy" => Some(state + bytes.len()),
             _ => None,
         }
-        .ok_or_else(|| format!("unknown generator {kind}"))?;
+        .ok_or_else(|| Unlocated::UnknownGenerator(kind.clone()))?;
         let word = memory
             .get(index..index + 4)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
         if word != Some(*pos as u32) {
-            return Err(format!("{kind}: its index is not where expected"));
+            return Err(Unlocated::Index(kind));
         }
         Ok(Self { state, index })
     }

@@ -10,10 +10,10 @@ use wasmtime::{Engine, Module};
 use super::turn::{PROLOGUE, call, literal, prologue, run_turn};
 use super::{Error, PythonPaths, Result, base_env};
 use crate::engine::cache::{ModuleCache, Origin};
-use crate::engine::snapshot;
+use crate::engine::preinit;
 use crate::engine::threads::on_guest_stack;
-use crate::lang::door::linker;
 use crate::lang::guest::{Guest, GuestSpec, engine_err};
+use crate::lang::host_call::linker;
 
 /// The code run during the image's warm-up, after the prologue.
 fn warmup_code(preimport: &[String]) -> String {
@@ -39,7 +39,7 @@ pub fn image_key(module_sha: &str, stdlib_sha: &str, preimport: &[String]) -> St
     let mut d = Sha256::new();
     for part in [
         "wasmbox-python-image-v5",
-        snapshot::IMAGE_FORMAT,
+        preinit::IMAGE_FORMAT,
         module_sha,
         stdlib_sha,
         PROLOGUE,
@@ -93,7 +93,7 @@ fn build_image(paths: &PythonPaths, preimport: &[String]) -> Result<Vec<u8>> {
     let started = std::time::Instant::now();
     // The warm-up needs a guest thread's stack, like every wasm run.
     on_guest_stack("image warm-up", || {
-        snapshot::build_compiled(&wasm, "python image", |module| {
+        preinit::build_compiled(&wasm, "python image", |module| {
             let linker = linker(module.engine())?;
             // The slots only: the image's preopen table is every server's, whatever it lends.
             let spec = GuestSpec {

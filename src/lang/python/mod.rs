@@ -10,16 +10,18 @@
 //!
 //! The parts: `turn` (how the host talks to the interpreter, with the prologue it runs first),
 //! `image` (the pre-initialised image: build and cache key), `calibrate` (readying instances of
-//! it without running wasm), `door` (the host function figures come back through) and `rich`
+//! it without running wasm), `host_call` (the host function figures come back through) and `rich`
 //! (a session's final DataFrame, bounded while parsed). The Python they run is in the `.py`
 //! files beside them.
 
 mod calibrate;
 mod image;
+mod packages;
 mod rich;
 mod turn;
 
 pub use image::image_key;
+pub use packages::{PACKAGES_GUEST, PackageTree};
 pub use turn::literal;
 
 use std::collections::BTreeMap;
@@ -33,12 +35,12 @@ use self::image::load_image;
 use self::turn::{WARM_TURN, call, prologue, run_turn, turn, user_turn};
 use super::guest::{Guest, GuestSpec, GuestState, TMP_GUEST, WORKSPACE_GUEST};
 use super::image_runtime::{Flavour, ImageRuntime, PoolOptions, Ready, Shared};
-use super::session::Session;
+use super::live::Session;
 use super::{ExecRequest, ExecResult, Language};
 use super::{LangError as Error, Result};
 use crate::engine::cache::{ModuleCache, Origin};
-use crate::engine::pool::Polish;
-use crate::lang::door::linker;
+use crate::engine::pool::IdleWork;
+use crate::lang::host_call::linker;
 
 /// The guest path of the interpreter, as argv[0]: the prefix /usr/local is baked into the build.
 const ARGV0: &str = "/usr/local/bin/python.wasm";
@@ -84,7 +86,7 @@ pub struct PythonPaths {
     pub module: PathBuf,
     pub stdlib_dir: PathBuf,
     pub mpl_data: PathBuf,
-    /// The store of installed packages' trees, at [`crate::packages::GUEST_ROOT`] (`None`: an
+    /// The store of installed packages' trees, at [`PACKAGES_GUEST`] (`None`: an
     /// empty folder there).
     pub packages: Option<PathBuf>,
 }
@@ -146,7 +148,7 @@ impl PythonPaths {
                 self.packages
                     .as_deref()
                     .unwrap_or_else(|| super::scratch::empty_dir().expect("an empty folder")),
-                crate::packages::GUEST_ROOT,
+                PACKAGES_GUEST,
             )],
         }
     }
@@ -207,7 +209,7 @@ impl Flavour for Python {
 
     /// Instances readied without a turn get one (no user code) once the pool is full: the
     /// first request on them then finds the interpreter's own pages and tables mapped.
-    fn polish(shared: &Arc<Shared<Self>>) -> Option<Polish<Ready, Error>> {
+    fn polish(shared: &Arc<Shared<Self>>) -> Option<IdleWork<Ready, Error>> {
         shared.calibration.as_ref()?;
         let s = shared.clone();
         Some(Box::new(move |r: &mut Ready| {

@@ -9,7 +9,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::turn::{call, turn};
-use crate::lang::session::Session;
+use crate::lang::live::Session;
 use crate::lang::{ExecRequest, Language, RichOutput};
 
 /// Bounds of what rich mode's own turn returns (its images come from the turn before it, within

@@ -13,7 +13,7 @@ use crate::lang::guest::{GuestState, WORKSPACE_GUEST, copy_in};
 /// expression unless asked, tracebacks that show the caller's own lines as `<code>` without a
 /// frame of ours — after applying the call's environment and working directory, which a
 /// snapshot would otherwise have frozen, and, when asked, hands the figures left open (or
-/// shown) to the host through the door as PNG before the turn ends. It then takes over the
+/// shown) to the host through `host.call` as PNG before the turn ends. It then takes over the
 /// reactor's turns: every later turn is a call of ours as JSON (see [`call`]).
 pub(super) const PROLOGUE: &str = concat!(
     include_str!("prologue.py"),

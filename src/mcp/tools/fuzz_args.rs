@@ -134,7 +134,7 @@ mod tests {
                 server
                     .wasmbox
                     .sandboxes()
-                    .list(crate::sandbox::LOCAL_OWNER)
+                    .list(crate::engine::cpu::LOCAL_OWNER)
                     .is_empty(),
                 "a tool ran"
             );

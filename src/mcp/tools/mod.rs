@@ -21,8 +21,9 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 
 use crate::Wasmbox;
+use crate::engine::cpu::LOCAL_OWNER;
 use crate::engine::limits::{Stop, StopReason};
-use crate::sandbox::{LOCAL_OWNER, Sandbox};
+use crate::sandbox::Sandbox;
 use error::{ToolError, not_found};
 
 mod args;

@@ -220,7 +220,7 @@ impl WasmboxServer {
             .wasmbox
             .reach_for(None)
             .map_err(|e| ToolError::message("Internal error", e.to_string()))?;
-        let local = *self.owner == *crate::sandbox::LOCAL_OWNER;
+        let local = *self.owner == *crate::engine::cpu::LOCAL_OWNER;
         let mut out = CodeToolList {
             usage: CODE_USAGE.into(),
             tools: Vec::new(),

@@ -1,4 +1,4 @@
-//! The door: the one host function guests have beyond WASI, `host.call(frame)`. Through it a
+//! The one host function guests have beyond WASI, `host.call(frame)`. Through it a
 //! Python turn hands its figures over as PNG (never through stdout or stderr, which the caller's
 //! code writes too), bounded by the call's image budget, and any guest makes its host calls
 //! (`reach::calls`): an HTTP request to an allowed host, waited for as a sleep is. Go, which
@@ -11,10 +11,12 @@ use super::Result;
 use super::guest::{GuestState, engine_err, wasi_linker};
 use crate::reach::calls::{HostCalls, Started};
 
-/// The WASI linker with the door added: what every guest (and the image builds) links.
+/// The WASI linker with `host.call` added: what every guest (and the image builds) links.
 pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
     let mut linker = wasi_linker(engine)?;
-    linker.func_wrap("host", "call", door).map_err(engine_err)?;
+    linker
+        .func_wrap("host", "call", call_import)
+        .map_err(engine_err)?;
     linker
         .func_wrap("wasmbox", "call", call)
         .map_err(engine_err)?;
@@ -82,7 +84,7 @@ fn host_call(state: &mut GuestState, frame: &[u8]) -> wasmtime::Result<Vec<u8>> 
 /// the guest's `host_alloc` gave (the guest frees it); -1 when the frame is not ours (or a
 /// figure when no images were asked for), which makes Python's `_host.call` raise
 /// ConnectionRefusedError, as when no host is bound; -2 when the frame or answer does not fit.
-fn door(
+fn call_import(
     mut caller: Caller<'_, GuestState>,
     ptr: i32,
     len: i32,

@@ -1,7 +1,7 @@
 //! A live interpreter a sandbox keeps between calls. Python and JavaScript share this shape, so
 //! saving a session's state and restoring it are written once, here.
 //!
-//! A session is an instance of its runtime's pre-initialised image; its state is what it holds
+//! A live interpreter is an instance of its runtime's pre-initialised image; its state is what it holds
 //! that the image does not (linear-memory pages and globals, `engine::state`) plus its clock.
 //! Restoring makes a fresh instance of the same image and writes that state over it.
 
@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::{Instance, Memory};
 
 use super::guest::Guest;
-use super::spare::Made;
+use super::spare::FreshInstance;
 use super::{ExecRequest, ExecResult, LangError as Error, Language, Result};
 use crate::engine::state::{self, InstanceState, StateKey};
 
@@ -100,7 +100,7 @@ pub trait SessionRuntime: Send + Sync {
 
     /// What this runtime's states are tied to; why there is none when sessions cannot be saved
     /// (the image could not be built).
-    fn state_key(&self) -> std::result::Result<Arc<StateKey>, String>;
+    fn state_key(&self) -> std::result::Result<Arc<StateKey>, StateKeyError>;
 
     /// Gives a copied session random generators of its own, so a fork does not draw its
     /// parent's numbers.
@@ -117,7 +117,7 @@ fn instance_for(
     req: &ExecRequest,
     clock: Duration,
     memory_pages: u64,
-) -> Result<Made> {
+) -> Result<FreshInstance> {
     // Spares are made with the server's lent folders; a token lent others gets a fresh one.
     let spare = match super::mounts::unlike_pooled(&req.owner) {
         None => rt.spares().take(req.place.as_ref(), clock, memory_pages),
@@ -125,11 +125,13 @@ fn instance_for(
     };
     match spare {
         Some(made) => Ok(made),
-        None => rt.instantiate(req, clock).map(|(guest, instance)| Made {
-            guest,
-            instance,
-            ahead: Vec::new(),
-        }),
+        None => rt
+            .instantiate(req, clock)
+            .map(|(guest, instance)| FreshInstance {
+                guest,
+                instance,
+                ahead: Vec::new(),
+            }),
     }
 }
 
@@ -140,7 +142,7 @@ pub fn restore(
     st: &InstanceState,
 ) -> Result<(Session, Vec<String>)> {
     let clock = Duration::from_nanos(st.clock_ns);
-    let Made {
+    let FreshInstance {
         mut guest,
         instance,
         ahead,
@@ -167,7 +169,7 @@ pub fn fork(
     }
     let from = parent.memory()?;
     let clock = Duration::from_nanos(parent.guest.clock_ns());
-    let Made {
+    let FreshInstance {
         mut guest,
         instance,
         ahead,
@@ -208,14 +210,36 @@ fn open_files_note(rt: &dyn SessionRuntime, open: Option<&str>, verb: &str) -> V
     .collect()
 }
 
+/// Why a runtime's sessions cannot be saved or restored, said in the refusal.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum StateKeyError {
+    #[error(
+        "the pre-initialised {} image could not be built, and state is saved only from it",
+        .0.name()
+    )]
+    NoImage(Language),
+    #[error("the compiled image {} could not be read: {error}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        error: Arc<std::io::Error>,
+    },
+}
+
+/// The session layer words its refusals as text.
+impl From<StateKeyError> for String {
+    fn from(e: StateKeyError) -> Self {
+        e.to_string()
+    }
+}
+
 /// A runtime's [`StateKey`]: its language and the SHA-256 of its compiled image, so a state is
 /// only ever restored into the very image it came from (a rebuilt image may lay memory out
 /// differently). Hashed once, off the request path when [`StateKeyCell::prepare`] runs first.
 pub struct StateKeyCell {
     language: Language,
     /// The compiled image, or why sessions of this runtime cannot be saved.
-    image: std::result::Result<PathBuf, String>,
-    key: OnceLock<std::result::Result<Arc<StateKey>, String>>,
+    image: std::result::Result<PathBuf, StateKeyError>,
+    key: OnceLock<std::result::Result<Arc<StateKey>, StateKeyError>>,
     preparing: std::sync::atomic::AtomicBool,
 }
 
@@ -234,35 +258,22 @@ impl StateKeyCell {
     pub fn for_image(language: Language, compiled_image: Option<PathBuf>) -> Self {
         match compiled_image {
             Some(path) => Self::new(language, path),
-            None => Self::unavailable(
+            None => Self {
                 language,
-                format!(
-                    "the pre-initialised {} image could not be built, and state is saved only \
-                     from it",
-                    language.name()
-                ),
-            ),
+                image: Err(StateKeyError::NoImage(language)),
+                key: OnceLock::new(),
+                preparing: Default::default(),
+            },
         }
     }
 
-    pub fn unavailable(language: Language, why: String) -> Self {
-        Self {
-            language,
-            image: Err(why),
-            key: OnceLock::new(),
-            preparing: Default::default(),
-        }
-    }
-
-    pub fn get(&self) -> std::result::Result<Arc<StateKey>, String> {
+    pub fn get(&self) -> std::result::Result<Arc<StateKey>, StateKeyError> {
         self.key
             .get_or_init(|| {
                 let path = self.image.as_ref().map_err(Clone::clone)?;
-                let sha = sha256_file(path).map_err(|e| {
-                    format!(
-                        "the compiled image {} could not be read: {e}",
-                        path.display()
-                    )
+                let sha = sha256_file(path).map_err(|e| StateKeyError::Unreadable {
+                    path: path.clone(),
+                    error: Arc::new(e),
                 })?;
                 Ok(Arc::new(StateKey::new(sha, self.language.as_str())))
             })
@@ -314,7 +325,7 @@ mod tests {
         ] {
             let why = StateKeyCell::for_image(language, None).get().unwrap_err();
             assert_eq!(
-                why,
+                why.to_string(),
                 format!(
                     "the pre-initialised {name} image could not be built, and state is saved \
                      only from it"
@@ -325,6 +336,6 @@ mod tests {
         let why = StateKeyCell::for_image(Language::Python, Some(missing))
             .get()
             .unwrap_err();
-        assert!(why.contains("could not be read"), "{why}");
+        assert!(why.to_string().contains("could not be read"), "{why}");
     }
 }
