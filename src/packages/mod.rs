@@ -8,7 +8,6 @@
 //! [`GUEST_ROOT`]. A sandbox's packages are a list of those trees on its `sys.path`.
 
 mod index;
-mod sandbox;
 pub mod wheel;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use super::slot;
-use super::{PAUSE_WAIT, SESSION_LANGUAGES, hold};
+use super::save::{PAUSE_WAIT, hold};
 use crate::lang::Language;
 use crate::sandbox::Sandbox;
 use crate::sandbox::budget::{self, Reservation, StateGate};
 use crate::sandbox::copy::Copied;
+use crate::sandbox::slot::{self, SESSION_LANGUAGES};
 use crate::sandbox::snapshots::{self, SnapshotError, SnapshotMeta};
 use crate::{Error, Result, Wasmbox};
 
@@ -82,7 +82,10 @@ impl Wasmbox {
     async fn fill_snapshot(
         &self,
         src: &Arc<Sandbox>,
-        held: Vec<(Language, tokio::sync::OwnedMutexGuard<super::Slot>)>,
+        held: Vec<(
+            Language,
+            tokio::sync::OwnedMutexGuard<crate::sandbox::slot::Slot>,
+        )>,
         dir: &std::path::Path,
         reservation: &Arc<Reservation>,
     ) -> std::result::Result<(u64, Vec<Language>), String> {
@@ -118,7 +121,7 @@ impl Wasmbox {
                     guard.save_copy(&*rt, &to, &gate)
                 })
                 .await
-                .unwrap_or_else(|e| Err(format!("saving panicked: {e}")))
+                .unwrap_or_else(|e| Err(slot::SlotError::Panicked(e)))
                 .map_err(|e| format!("the {} session: {e}", language.name()))?
             } else {
                 let from = src.state_path(language);

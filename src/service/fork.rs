@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
+use super::save::{PAUSE_WAIT, hold};
 use super::snapshot::copy_dirs;
-use super::{PAUSE_WAIT, SESSION_LANGUAGES, hold};
 use crate::lang::Language;
 use crate::sandbox::Sandbox;
+use crate::sandbox::slot::SESSION_LANGUAGES;
 use crate::{Error, Result, Wasmbox};
 
 impl Wasmbox {
@@ -58,7 +59,10 @@ impl Wasmbox {
         &self,
         src: &Sandbox,
         child: &Sandbox,
-        held: Vec<(Language, tokio::sync::OwnedMutexGuard<super::Slot>)>,
+        held: Vec<(
+            Language,
+            tokio::sync::OwnedMutexGuard<crate::sandbox::slot::Slot>,
+        )>,
     ) -> Result<Vec<String>> {
         let mut notes = Vec::new();
         for (language, guard) in held {
