@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::save::{PAUSE_WAIT, hold};
-use super::snapshot::copy_dirs;
+use super::snapshot::{CopyError, copy_dirs};
 use crate::lang::Language;
 use crate::sandbox::Sandbox;
 use crate::sandbox::slot::SESSION_LANGUAGES;
@@ -35,9 +35,7 @@ impl Wasmbox {
             tokio::task::spawn_blocking(move || copy_files(&src, &child))
         };
         let sessions = self.fork_sessions(&src, &child, held).await;
-        let copied = files
-            .await
-            .unwrap_or_else(|e| Err(format!("copying panicked: {e}")));
+        let copied = files.await.unwrap_or_else(|e| Err(CopyError::Panicked(e)));
         let failed = match (sessions, copied) {
             (Ok(notes), Ok(())) => {
                 // Its meta.json is synced off the caller's path.
@@ -118,7 +116,7 @@ impl Wasmbox {
 }
 
 /// Copies `src`'s `/workspace` and `/tmp` into `child`'s, counted in the child's budget.
-fn copy_files(src: &Sandbox, child: &Sandbox) -> std::result::Result<(), String> {
+fn copy_files(src: &Sandbox, child: &Sandbox) -> std::result::Result<(), CopyError> {
     let c = copy_dirs(
         src,
         &child.fs.host_workspace(),
