@@ -1,4 +1,5 @@
-//! Saving a sandbox's sessions: at pause, at shutdown.
+//! Saving a sandbox's sessions: at pause, at shutdown; and holding a sandbox's slot for a
+//! save or a copy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,8 +12,6 @@ use crate::{Error, Result, Wasmbox};
 /// How long a pause waits for a call running in the sandbox to end.
 pub const PAUSE_WAIT: Duration = Duration::from_secs(10);
 
-/// After a save that failed (a state over `WASMBOX_STATE_MB` or its owner's budget, a disk
-/// error), how much longer the session counts as used: the idle keeper and swap-outs try it
 /// What saving one session did.
 #[derive(Clone, Debug)]
 pub struct SavedSession {
