@@ -57,8 +57,8 @@ pub struct ExecuteCodeIsolatedArgs {
     region: Option<String>,
 }
 
-/// The mode a caller picks for `execute_code` (an execution may also run in [`ExecMode`]'s
-/// others).
+// The mode a caller picks for `execute_code`; an execution may also run in [`ExecMode`]'s
+// others. (No doc comment: it would be a description in the tool's input schema.)
 #[derive(Deserialize, JsonSchema, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
