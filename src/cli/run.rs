@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use wasmbox::{Config, ExecOptions, ExecResult, Wasmbox};
+use wasmbox::{Config, ExecOptions, ExecResult, OneShot, Wasmbox};
 
 use super::Start;
 use super::setup::{SET_UP, options};
@@ -50,15 +50,15 @@ pub(super) async fn run(args: Args, start: Start) -> anyhow::Result<ExitCode> {
     let wasmbox = Wasmbox::new(config)?;
     let code = code(args.code, args.file)?;
     let env = env(args.env)?;
-    let req = wasmbox.request(ExecOptions {
+    let opts = ExecOptions {
         language: args.language,
         code,
         env,
         timeout_secs: args.timeout,
         memory_mb: args.memory_mb,
         ..Default::default()
-    })?;
-    let result = wasmbox.execute(req).await?;
+    };
+    let (result, _) = wasmbox.oneshot(opts, OneShot::default()).await?;
     print(&wasmbox, &result, args.json)?;
     Ok(ExitCode::from(result.exit_code.clamp(0, 255) as u8))
 }

@@ -10,7 +10,6 @@
 mod error;
 mod index;
 mod resolver;
-mod sandbox;
 mod store;
 pub mod wheel;
 

@@ -24,6 +24,7 @@ pub mod jobs;
 mod meta;
 mod quarantine;
 mod registry;
+pub mod slot;
 pub mod snapshots;
 mod templates;
 #[cfg(test)]
@@ -40,13 +41,13 @@ use serde::Serialize;
 
 use crate::engine::limits::{Stop, StopReason};
 use crate::lang::{Language, Place};
-use crate::session::{SESSION_LANGUAGES, SlotLock};
 use fs::{Quota, Workspace, rfc3339};
 use jobs::Job;
 use meta::Claim;
 pub(crate) use meta::{from_unix_ms, has_id_shape, unix_ms};
 pub use quarantine::Quarantined;
 pub use registry::Sandboxes;
+use slot::{SESSION_LANGUAGES, SlotLock};
 pub use templates::{TEMPLATES, Template, template};
 
 /// Sandbox settings.

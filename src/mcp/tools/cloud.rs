@@ -8,7 +8,7 @@ use super::WasmboxServer;
 use super::commands::{ProcessList, RunCommandArgs};
 use super::error::ToolError;
 use super::exec::{BACKGROUND_MAX_TIMEOUT, BACKGROUND_TIMEOUT, ExecuteInSandboxArgs, Mode};
-use super::exec_reply::{ExecReply, exec_error, fit_output};
+use super::exec_reply::{ExecMode, ExecReply, exec_error, fit_output};
 use super::reply::{Json, fit_list, output_share, shown};
 use super::sandboxes::SandboxReply;
 use crate::cloud::{CloudError, CommandRequest, ExecuteRequest};
@@ -29,7 +29,7 @@ impl WasmboxServer {
         let out = tokio::select! {
             r = work => r,
             _ = crate::cancelled(cancel.as_deref()) => {
-                return Err(exec_error("cloud", &crate::Error::Cancelled(""), None));
+                return Err(exec_error(ExecMode::Cloud, &crate::Error::Cancelled(""), None));
             }
         };
         match out {
@@ -79,7 +79,7 @@ impl WasmboxServer {
             let language = crate::Language::parse(&a.language).unwrap_or(crate::Language::Bash);
             let mut r = r.into_exec_result(language);
             r.cloud_sandbox_id = Some(sb.id().to_string());
-            let reply = ExecReply::run(&r, mode.as_str(), &csb.id);
+            let reply = ExecReply::run(&r, mode.into(), &csb.id);
             Ok(self
                 .answer(reply, &r, mode == Mode::Rich)
                 .await
@@ -163,7 +163,7 @@ impl WasmboxServer {
         let client = self
             .wasmbox
             .cloud()
-            .map_err(|e| exec_error("cloud", &e, None))?;
+            .map_err(|e| exec_error(ExecMode::Cloud, &e, None))?;
         let work = async {
             let info = client.get_sandbox(csb.sandbox.id()).await?;
             Ok(json!({

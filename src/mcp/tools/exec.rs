@@ -1,6 +1,5 @@
 //! Running code: `execute_code` and its per-mode aliases, and `execute_code_async`.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rmcp::{tool, tool_router};
@@ -9,10 +8,10 @@ use serde::Deserialize;
 
 use super::args::{Env, Parameters, default_language, language_schema, lenient_opt};
 use super::error::ToolError;
-use super::exec_reply::{ExecReply, exec_error};
+use super::exec_reply::{ExecMode, ExecReply, exec_error};
 use super::reply::Json;
 use super::{Target, WasmboxServer, call_cancel};
-use crate::{Error, ExecOptions};
+use crate::{Error, ExecOptions, OneShot};
 
 /// A background job's deadline when none is given, and the longest one allowed (seconds).
 pub const BACKGROUND_TIMEOUT: f64 = 300.0;
@@ -58,6 +57,8 @@ pub struct ExecuteCodeIsolatedArgs {
     region: Option<String>,
 }
 
+// The mode a caller picks for `execute_code`; an execution may also run in [`ExecMode`]'s
+// others. (No doc comment: it would be a description in the tool's input schema.)
 #[derive(Deserialize, JsonSchema, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
@@ -67,13 +68,13 @@ pub enum Mode {
     Background,
 }
 
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Isolated => "isolated",
-            Mode::Persistent => "persistent",
-            Mode::Rich => "rich",
-            Mode::Background => "background",
+impl From<Mode> for ExecMode {
+    fn from(mode: Mode) -> Self {
+        match mode {
+            Mode::Isolated => ExecMode::Isolated,
+            Mode::Persistent => ExecMode::Persistent,
+            Mode::Rich => ExecMode::Rich,
+            Mode::Background => ExecMode::Background,
         }
     }
 }
@@ -192,19 +193,6 @@ pub struct ExecuteAsyncArgs {
     working_dir: Option<String>,
 }
 
-/// A one-shot as the tools describe it.
-struct OneShot {
-    code: String,
-    language: String,
-    timeout: Option<f64>,
-    env: BTreeMap<String, String>,
-    echo: Option<bool>,
-    template: Option<String>,
-    internet_access: bool,
-    allow_hosts: Option<Vec<String>>,
-    packages: Vec<String>,
-}
-
 #[tool_router(router = exec_router, vis = "pub(super)")]
 impl WasmboxServer {
     #[tool(
@@ -233,26 +221,30 @@ impl WasmboxServer {
             if mode != Mode::Isolated {
                 return Err(ToolError::message(
                     "Missing sandbox_id",
-                    format!("Mode '{}' requires sandbox_id. Create sandbox first with create_sandbox() or use mode='isolated'.", mode.as_str()),
+                    format!("Mode '{}' requires sandbox_id. Create sandbox first with create_sandbox() or use mode='isolated'.", ExecMode::from(mode)),
                 )
-                .with("mode", mode.as_str()));
+                .with("mode", ExecMode::from(mode).as_str()));
             }
             return self
-                .one_shot(OneShot {
-                    code: a.code,
-                    language: a.language,
-                    timeout: a.timeout,
-                    env: a.env.unwrap_or_default(),
-                    echo: a.echo,
-                    template: a.template_name,
-                    internet_access: a.internet_access.unwrap_or(false),
-                    allow_hosts: a.allow_hosts,
-                    packages: a.packages.unwrap_or_default(),
-                })
+                .one_shot(
+                    code_options(
+                        &a.language,
+                        a.code,
+                        a.timeout,
+                        a.env,
+                        a.echo.unwrap_or(false),
+                        a.allow_hosts,
+                    ),
+                    OneShot {
+                        template: a.template_name,
+                        internet_access: a.internet_access.unwrap_or(false),
+                        packages: a.packages.unwrap_or_default(),
+                    },
+                )
                 .await;
         };
         if let Some(p) = a.packages.as_ref().filter(|p| !p.is_empty()) {
-            let m = mode.as_str();
+            let m: ExecMode = mode.into();
             let sb = match self.target(&id, "sandbox_id")? {
                 Target::Local(sb) => sb,
                 Target::Cloud(_) => {
@@ -287,7 +279,7 @@ impl WasmboxServer {
             Target::Cloud(c) => return self.execute_in_cloud(&c, "execute_code", mode, a).await,
         };
         let lang = a.language.clone();
-        let fail = |e: Error| exec_error("isolated", &e, Some(&lang));
+        let fail = |e: Error| exec_error(ExecMode::Isolated, &e, Some(&lang));
         let max = self.wasmbox.config().max_timeout.as_secs_f64();
         let echo = a.echo.unwrap_or(false);
         let req = self
@@ -306,7 +298,7 @@ impl WasmboxServer {
                 "Executed in existing sandbox {} (isolated mode with sandbox_id): its files and env, a fresh interpreter",
                 sb.id
             )),
-            ..ExecReply::run(&r, "isolated", &sb.id)
+            ..ExecReply::run(&r, ExecMode::Isolated, &sb.id)
         };
         Ok(self.answer(reply, &r, false).await)
     }
@@ -326,17 +318,21 @@ impl WasmboxServer {
         &self,
         Parameters(a): Parameters<ExecuteCodeIsolatedArgs>,
     ) -> Result<Json<ExecReply>, ToolError> {
-        self.one_shot(OneShot {
-            code: a.code,
-            language: a.language,
-            timeout: a.timeout,
-            env: a.env.unwrap_or_default(),
-            echo: a.echo,
-            template: a.template_name,
-            internet_access: a.internet_access.unwrap_or(false),
-            allow_hosts: a.allow_hosts,
-            packages: a.packages.unwrap_or_default(),
-        })
+        self.one_shot(
+            code_options(
+                &a.language,
+                a.code,
+                a.timeout,
+                a.env,
+                a.echo.unwrap_or(false),
+                a.allow_hosts,
+            ),
+            OneShot {
+                template: a.template_name,
+                internet_access: a.internet_access.unwrap_or(false),
+                packages: a.packages.unwrap_or_default(),
+            },
+        )
         .await
     }
 
@@ -421,7 +417,7 @@ impl WasmboxServer {
             Some(_) => BACKGROUND_MAX_TIMEOUT,
             None => self.wasmbox.config().max_timeout.as_secs_f64(),
         };
-        let fail = |e: Error| exec_error("async", &e, Some(&a.language));
+        let fail = |e: Error| exec_error(ExecMode::Async, &e, Some(&a.language));
         let req = self
             .request(
                 code_options(&a.language, a.code, a.timeout, a.env, false, None),
@@ -483,22 +479,29 @@ impl WasmboxServer {
         let long = opts
             .timeout_secs
             .filter(|t| *t > lib_max && *t <= max_timeout);
-        let mut req = self.wasmbox.request(ExecOptions {
+        let mut req = self.wasmbox.request(self.call_options(ExecOptions {
             timeout_secs: if long.is_some() {
                 None
             } else {
                 opts.timeout_secs
             },
+            ..opts
+        }))?;
+        if let Some(t) = long {
+            req.timeout = Duration::from_secs_f64(t);
+        }
+        Ok(req)
+    }
+
+    /// `opts` as this call's: its cancellation, progress, owner and who to ask for consent.
+    fn call_options(&self, opts: ExecOptions) -> ExecOptions {
+        ExecOptions {
             cancel: call_cancel(),
             progress: crate::mcp::progress::call_progress(),
             owner: Some(self.owner.clone()),
             consent: crate::mcp::consent::call_consent(),
             ..opts
-        })?;
-        if let Some(t) = long {
-            req.timeout = Duration::from_secs_f64(t);
         }
-        Ok(req)
     }
 
     /// An execution's answer as it goes out, fitted to the result budget.
@@ -526,7 +529,7 @@ impl WasmboxServer {
         mode: Mode,
         a: ExecuteInSandboxArgs,
     ) -> Result<Json<ExecReply>, ToolError> {
-        let m = mode.as_str();
+        let m = ExecMode::from(mode);
         let sb = match self.target(&a.sandbox_id, "sandbox_id")? {
             Target::Local(sb) => sb,
             Target::Cloud(c) => return self.execute_in_cloud(&c, tool, mode, a).await,
@@ -553,7 +556,7 @@ impl WasmboxServer {
                 status: Some("running".into()),
                 name: Some(a.name),
                 language: Some(language),
-                mode: Some("background".into()),
+                mode: Some(ExecMode::Background.as_str().into()),
                 sandbox_id: Some(Some(sb.id.clone())),
                 location: Some("local".into()),
                 message: Some(format!(
@@ -580,53 +583,27 @@ impl WasmboxServer {
         Ok(self.answer(ExecReply::run(&r, m, &sb.id), &r, rich).await)
     }
 
-    async fn one_shot(&self, o: OneShot) -> Result<Json<ExecReply>, ToolError> {
-        let provided = o.language.clone();
-        let fail = |e: Error| exec_error("isolated", &e, Some(&provided));
-        let lib_max = self.wasmbox.config().max_timeout.as_secs_f64();
-        let req = self
-            .request(
-                ExecOptions {
-                    language: o.language,
-                    code: o.code,
-                    env: o.env,
-                    timeout_secs: o.timeout,
-                    echo: o.echo.unwrap_or(false),
-                    allow_hosts: o.allow_hosts,
-                    ..Default::default()
-                },
-                lib_max,
-            )
-            .map_err(fail)?;
-        let mut req = req;
-        let mut installed = None;
-        if !o.packages.is_empty() {
-            if req.language != crate::Language::Python || o.internet_access || o.template.is_some()
-            {
-                let why = "packages are installed for local Python one-shots only (in the HOPX cloud, pip install in the code works)";
-                return Err(fail(Error::invalid(why)));
-            }
-            let (paths, out) = self
-                .wasmbox
-                .oneshot_packages(&o.packages, &req.owner)
-                .await
-                .map_err(fail)?;
-            req.packages = paths;
-            installed = Some(super::packages::installed_note(&out));
-        }
-        let r = self
+    /// A one-shot: one call to the service, which validates and runs it.
+    async fn one_shot(
+        &self,
+        opts: ExecOptions,
+        shot: OneShot,
+    ) -> Result<Json<ExecReply>, ToolError> {
+        let provided = opts.language.clone();
+        let fail = |e: Error| exec_error(ExecMode::Isolated, &e, Some(&provided));
+        let (mut r, installed) = self
             .wasmbox
-            .execute_routed(req, o.template.as_deref(), o.internet_access)
+            .oneshot(self.call_options(opts), shot)
             .await
             .map_err(fail)?;
-        let mut r = r;
-        r.notes.extend(installed);
+        r.notes
+            .extend(installed.map(|out| super::packages::installed_note(&out)));
         let reply = match &r.cloud_sandbox_id {
             Some(id) => ExecReply {
                 note: Some(format!(
                     "Ran in HOPX cloud sandbox {id}, which was deleted after the run."
                 )),
-                ..ExecReply::run(&r, "isolated", id)
+                ..ExecReply::run(&r, ExecMode::Isolated, id)
             },
             None => ExecReply {
                 note: Some(
@@ -635,7 +612,7 @@ impl WasmboxServer {
                 ),
                 ..ExecReply::run(
                     &r,
-                    "isolated",
+                    ExecMode::Isolated,
                     &format!("local-{}", uuid::Uuid::new_v4().simple()),
                 )
             },

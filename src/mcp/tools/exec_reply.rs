@@ -11,6 +11,42 @@ use crate::engine::limits::LimitHit;
 use crate::lang::Stage;
 use crate::{Error, ExecResult, Language};
 
+/// The mode an execution ran in, as its reply and its errors name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecMode {
+    /// A one-shot, or a fresh interpreter on a sandbox's files.
+    Isolated,
+    /// In a sandbox's live session.
+    Persistent,
+    /// Persistent, with plots and tables captured.
+    Rich,
+    /// A background job in a sandbox.
+    Background,
+    /// An execution whose result goes to a webhook.
+    Async,
+    /// Forwarded to a HOPX cloud sandbox.
+    Cloud,
+}
+
+impl ExecMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecMode::Isolated => "isolated",
+            ExecMode::Persistent => "persistent",
+            ExecMode::Rich => "rich",
+            ExecMode::Background => "background",
+            ExecMode::Async => "async",
+            ExecMode::Cloud => "cloud",
+        }
+    }
+}
+
+impl std::fmt::Display for ExecMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What every execution tool answers (`execute_code*`, `run_command*`): one object whose fields
 /// depend on the mode, so most are optional. A finished run has `stdout` .. `success`; a
 /// background or async start has `process_id`/`execution_id`, `status` and `message`.
@@ -82,9 +118,9 @@ pub struct ExecReply {
 
 impl ExecReply {
     /// A finished run in HOPX's shape, with the local extras.
-    pub fn run(r: &ExecResult, mode: &str, sandbox_id: &str) -> Self {
+    pub fn run(r: &ExecResult, mode: ExecMode, sandbox_id: &str) -> Self {
         ExecReply {
-            mode: Some(mode.into()),
+            mode: Some(mode.as_str().into()),
             sandbox_id: Some(Some(sandbox_id.into())),
             ..Self::output(r)
         }
@@ -264,9 +300,9 @@ fn add_rich(v: &mut Value, r: &ExecResult, budget: usize) {
 }
 
 /// An execution that could not run, in HOPX's error shape, flagged `isError`.
-pub fn exec_error(mode: &str, e: &Error, provided: Option<&str>) -> ToolError {
+pub fn exec_error(mode: ExecMode, e: &Error, provided: Option<&str>) -> ToolError {
     let err = ToolError::of(e)
-        .with("mode", mode)
+        .with("mode", mode.as_str())
         .for_run()
         .with("success", false);
     match (e, provided) {

@@ -442,7 +442,7 @@ impl WasmboxServer {
         self.wasmbox
             .runtime_status()
             .into_iter()
-            .map(|s| (s.language.as_str().to_string(), s.status))
+            .map(|s| (s.language.as_str().to_string(), s.status.to_string()))
             .collect()
     }
 

@@ -2,14 +2,42 @@
 
 use std::sync::Arc;
 
-use super::slot;
-use super::{PAUSE_WAIT, SESSION_LANGUAGES, hold};
+use super::save::{PAUSE_WAIT, hold};
 use crate::lang::Language;
 use crate::sandbox::Sandbox;
 use crate::sandbox::budget::{self, Reservation, StateGate};
 use crate::sandbox::copy::Copied;
+use crate::sandbox::slot::{self, SESSION_LANGUAGES};
 use crate::sandbox::snapshots::{self, SnapshotError, SnapshotMeta};
 use crate::{Error, Result, Wasmbox};
+
+/// Why a sandbox's files or sessions could not be copied (snapshot, fork); the caller says
+/// into what.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CopyError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The owner's budget has no room, in its words.
+    #[error("{0}")]
+    Refused(String),
+    #[error("the {} session: {source}", language.name())]
+    Session {
+        language: Language,
+        source: Box<CopyError>,
+    },
+    #[error("the {} session: {source}", language.name())]
+    Save {
+        language: Language,
+        source: slot::SlotError,
+    },
+    #[error("copying the saved {} session: {source}", language.name())]
+    Saved {
+        language: Language,
+        source: std::io::Error,
+    },
+    #[error("copying panicked: {0}")]
+    Panicked(tokio::task::JoinError),
+}
 
 impl Wasmbox {
     /// Keeps sandbox `id`'s files, env and sessions as a snapshot of its own (the sandbox runs
@@ -46,7 +74,7 @@ impl Wasmbox {
             Ok(m) => m,
             Err(e) => {
                 store.abandon(&snap_id);
-                return Err(SnapshotError::Io(e).into());
+                return Err(SnapshotError::Io(e.to_string()).into());
             }
         };
         let mut meta = SnapshotMeta {
@@ -82,10 +110,13 @@ impl Wasmbox {
     async fn fill_snapshot(
         &self,
         src: &Arc<Sandbox>,
-        held: Vec<(Language, tokio::sync::OwnedMutexGuard<super::Slot>)>,
+        held: Vec<(
+            Language,
+            tokio::sync::OwnedMutexGuard<crate::sandbox::slot::Slot>,
+        )>,
         dir: &std::path::Path,
         reservation: &Arc<Reservation>,
-    ) -> std::result::Result<(u64, Vec<Language>), String> {
+    ) -> std::result::Result<(u64, Vec<Language>), CopyError> {
         let files = {
             let (src, dir) = (src.clone(), dir.to_path_buf());
             // No more than was reserved: every byte and every entry costs at least that much.
@@ -98,7 +129,7 @@ impl Wasmbox {
                 copy_dirs(&src, &dir.join("workspace"), &dir.join("tmp"), quota)
             })
             .await
-            .unwrap_or_else(|e| Err(format!("copying panicked: {e}")))?
+            .unwrap_or_else(|e| Err(CopyError::Panicked(e)))?
         };
         let mut size = files.bytes;
         let mut languages = Vec::new();
@@ -118,15 +149,14 @@ impl Wasmbox {
                     guard.save_copy(&*rt, &to, &gate)
                 })
                 .await
-                .unwrap_or_else(|e| Err(format!("saving panicked: {e}")))
-                .map_err(|e| format!("the {} session: {e}", language.name()))?
+                .unwrap_or_else(|e| Err(slot::SlotError::Panicked(e)))
+                .map_err(|source| CopyError::Save { language, source })?
             } else {
                 let from = src.state_path(language);
                 if !from.is_file() {
                     continue;
                 }
-                std::fs::copy(&from, &to)
-                    .map_err(|e| format!("copying the saved {} session: {e}", language.name()))?
+                std::fs::copy(&from, &to).map_err(|source| CopyError::Saved { language, source })?
             };
             size += bytes;
             languages.push(language);
@@ -162,19 +192,22 @@ impl Wasmbox {
         let filled = {
             let (sb, dir, me, sandboxes) =
                 (sb.clone(), dir.clone(), self.clone(), sandboxes.clone());
-            tokio::task::spawn_blocking(move || -> std::result::Result<(), String> {
+            tokio::task::spawn_blocking(move || -> std::result::Result<(), CopyError> {
                 let c = copy_into(&dir.join("workspace"), &dir.join("tmp"), &sb)?;
                 sb.fs.budget().changed(c.bytes as i64, c.entries as i64);
                 for language in meta.languages {
                     let from = snapshots::state_path(&dir, language);
                     me.copy_state(&from, &sb, language)
-                        .map_err(|e| format!("the {} session: {e}", language.name()))?;
+                        .map_err(|e| CopyError::Session {
+                            language,
+                            source: Box::new(e),
+                        })?;
                 }
                 sandboxes.publish(&sb, true);
                 Ok(())
             })
             .await
-            .unwrap_or_else(|e| Err(format!("copying panicked: {e}")))
+            .unwrap_or_else(|e| Err(CopyError::Panicked(e)))
         };
         if let Err(e) = filled {
             sandboxes.discard(&sb.id);
@@ -192,15 +225,16 @@ impl Wasmbox {
         from: &std::path::Path,
         to: &Sandbox,
         language: Language,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), CopyError> {
         let path = to.state_path(language);
-        let len = std::fs::metadata(from).map_err(|e| e.to_string())?.len();
+        let len = std::fs::metadata(from)?.len();
         let _room = self
             .inner
             .sandboxes
             .state_gate(&to.owner)
-            .admit(&path, len)?;
-        slot::copy_reseeded(from, &path).map_err(|e| e.to_string())
+            .admit(&path, len)
+            .map_err(|e| CopyError::Refused(e.to_string()))?;
+        Ok(slot::copy_reseeded(from, &path)?)
     }
 }
 
@@ -227,7 +261,7 @@ pub(super) fn copy_dirs(
     ws: &std::path::Path,
     tmp: &std::path::Path,
     quota: crate::engine::disk::Quota,
-) -> std::result::Result<Copied, String> {
+) -> std::result::Result<Copied, CopyError> {
     copy_pair(
         [
             (src.fs.host_workspace(), ws.to_path_buf()),
@@ -242,7 +276,7 @@ fn copy_into(
     ws: &std::path::Path,
     tmp: &std::path::Path,
     dst: &Sandbox,
-) -> std::result::Result<Copied, String> {
+) -> std::result::Result<Copied, CopyError> {
     copy_pair(
         [
             (ws.to_path_buf(), dst.fs.host_workspace()),
@@ -255,14 +289,14 @@ fn copy_into(
 fn copy_pair(
     pairs: [(std::path::PathBuf, std::path::PathBuf); 2],
     quota: crate::engine::disk::Quota,
-) -> std::result::Result<Copied, String> {
+) -> std::result::Result<Copied, CopyError> {
     let mut total = Copied::default();
     for (from, to) in pairs {
         let left = crate::engine::disk::Quota {
             max_bytes: quota.max_bytes.saturating_sub(total.bytes),
             max_entries: quota.max_entries.saturating_sub(total.entries),
         };
-        let c = crate::sandbox::copy::copy_tree(&from, &to, left).map_err(|e| e.to_string())?;
+        let c = crate::sandbox::copy::copy_tree(&from, &to, left)?;
         total.bytes += c.bytes;
         total.entries += c.entries;
     }

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use super::{Outcome, PackageError};
+use super::exec::ExecOptions;
 use crate::engine::cpu::Owner;
-use crate::exec::ExecOptions;
 use crate::lang::{Language, Place};
+use crate::packages::{Outcome, PackageError, Packages};
 use crate::sandbox::Sandbox;
 use crate::{Error, Result, Wasmbox};
 
@@ -90,7 +90,7 @@ impl Wasmbox {
     }
 
     /// The server's package sources and store.
-    pub fn packages(&self) -> &super::Packages {
+    pub fn packages(&self) -> &Packages {
         &self.inner.packages
     }
 

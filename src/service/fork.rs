@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
-use super::snapshot::copy_dirs;
-use super::{PAUSE_WAIT, SESSION_LANGUAGES, hold};
+use super::save::{PAUSE_WAIT, hold};
+use super::snapshot::{CopyError, copy_dirs};
 use crate::lang::Language;
 use crate::sandbox::Sandbox;
+use crate::sandbox::slot::SESSION_LANGUAGES;
 use crate::{Error, Result, Wasmbox};
 
 impl Wasmbox {
@@ -34,9 +35,7 @@ impl Wasmbox {
             tokio::task::spawn_blocking(move || copy_files(&src, &child))
         };
         let sessions = self.fork_sessions(&src, &child, held).await;
-        let copied = files
-            .await
-            .unwrap_or_else(|e| Err(format!("copying panicked: {e}")));
+        let copied = files.await.unwrap_or_else(|e| Err(CopyError::Panicked(e)));
         let failed = match (sessions, copied) {
             (Ok(notes), Ok(())) => {
                 // Its meta.json is synced off the caller's path.
@@ -58,7 +57,10 @@ impl Wasmbox {
         &self,
         src: &Sandbox,
         child: &Sandbox,
-        held: Vec<(Language, tokio::sync::OwnedMutexGuard<super::Slot>)>,
+        held: Vec<(
+            Language,
+            tokio::sync::OwnedMutexGuard<crate::sandbox::slot::Slot>,
+        )>,
     ) -> Result<Vec<String>> {
         let mut notes = Vec::new();
         for (language, guard) in held {
@@ -114,7 +116,7 @@ impl Wasmbox {
 }
 
 /// Copies `src`'s `/workspace` and `/tmp` into `child`'s, counted in the child's budget.
-fn copy_files(src: &Sandbox, child: &Sandbox) -> std::result::Result<(), String> {
+fn copy_files(src: &Sandbox, child: &Sandbox) -> std::result::Result<(), CopyError> {
     let c = copy_dirs(
         src,
         &child.fs.host_workspace(),

@@ -1,19 +1,17 @@
-//! Saving a sandbox's sessions: at pause, at shutdown.
+//! Saving a sandbox's sessions: at pause, at shutdown; and holding a sandbox's slot for a
+//! save or a copy.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::slot;
-use super::{SESSION_LANGUAGES, hold};
 use crate::lang::Language;
 use crate::sandbox::Sandbox;
-use crate::{Result, Wasmbox};
+use crate::sandbox::slot::{self, SESSION_LANGUAGES, Slot, SlotError, SlotLock};
+use crate::{Error, Result, Wasmbox};
 
 /// How long a pause waits for a call running in the sandbox to end.
 pub const PAUSE_WAIT: Duration = Duration::from_secs(10);
 
-/// After a save that failed (a state over `WASMBOX_STATE_MB` or its owner's budget, a disk
-/// error), how much longer the session counts as used: the idle keeper and swap-outs try it
 /// What saving one session did.
 #[derive(Clone, Debug)]
 pub struct SavedSession {
@@ -75,7 +73,7 @@ impl Wasmbox {
                 guard.swap_out(&*rt, &path, &gate)
             })
             .await
-            .unwrap_or_else(|e| Err(format!("saving panicked: {e}")));
+            .unwrap_or_else(|e| Err(SlotError::Panicked(e)));
             saved.push(match outcome {
                 Ok(bytes) => SavedSession {
                     language,
@@ -87,7 +85,7 @@ impl Wasmbox {
                     SavedSession {
                         language,
                         bytes: None,
-                        error: Some(e),
+                        error: Some(e.to_string()),
                     }
                 }
             });
@@ -138,4 +136,23 @@ impl Wasmbox {
             );
         }
     }
+}
+
+/// A sandbox's session slot, held for a copy or a save; a call still running after `wait`
+/// makes this fail clearly.
+pub(super) async fn hold(
+    slot: &SlotLock,
+    language: Language,
+    wait: Duration,
+) -> Result<tokio::sync::OwnedMutexGuard<Slot>> {
+    tokio::time::timeout(wait, slot.clone().lock_owned())
+        .await
+        .map_err(|_| {
+            Error::busy(format!(
+                "a call is still running in the sandbox's {} session after {} s; try again once \
+                 it ends",
+                language.name(),
+                wait.as_secs()
+            ))
+        })
 }

@@ -57,6 +57,41 @@ pub const SESSION_LANGUAGES: [Language; 2] = [Language::Python, Language::JavaSc
 /// server's own, but its size still does not get to decide what the host allocates.
 const MAX_STATE_FILE: u64 = (4 << 30) + (1 << 20);
 
+/// Why a session could not be saved, read back or copied; its text is what notes and errors
+/// say.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    #[error("no live session")]
+    NotLive,
+    #[error("creating {}: {source}", dir.display())]
+    CreateDir {
+        dir: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing {}: {source}", path.display())]
+    Write {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("its state file could not be opened: {0}")]
+    Open(std::io::Error),
+    #[error("its state file could not be read: {0}")]
+    Read(std::io::Error),
+    #[error("its state file is larger than any session's state")]
+    TooLarge,
+    #[error("saving panicked: {0}")]
+    Panicked(tokio::task::JoinError),
+    /// The runtime, the budget or the state's checks refused, in their words.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl SlotError {
+    fn refused(e: impl std::fmt::Display) -> Self {
+        SlotError::Refused(e.to_string())
+    }
+}
+
 /// What saving a session wrote.
 #[derive(Clone, Debug)]
 pub struct Saved {
@@ -71,9 +106,9 @@ pub fn save(
     session: &mut Session,
     path: &Path,
     gate: &dyn StateGate,
-) -> Result<Saved, String> {
-    let key = rt.state_key()?;
-    let st = session.capture().map_err(|e| e.to_string())?;
+) -> Result<Saved, SlotError> {
+    let key = rt.state_key().map_err(SlotError::refused)?;
+    let st = session.capture().map_err(SlotError::refused)?;
     write(&st, &key, path, gate)
 }
 
@@ -83,19 +118,25 @@ pub fn write(
     key: &crate::engine::state::StateKey,
     path: &Path,
     gate: &dyn StateGate,
-) -> Result<Saved, String> {
+) -> Result<Saved, SlotError> {
     let bytes = st.encode(key);
     // Held until the file is in place, where it then counts as it is.
-    let _room = gate.admit(path, bytes.len() as u64)?;
+    let _room = gate
+        .admit(path, bytes.len() as u64)
+        .map_err(SlotError::refused)?;
     if let Some(dir) = path.parent() {
         let mut b = std::fs::DirBuilder::new();
         b.recursive(true);
         crate::platform::fs::private_dir(&mut b);
-        b.create(dir)
-            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        b.create(dir).map_err(|source| SlotError::CreateDir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
     }
-    crate::platform::fs::write_atomic(path, &bytes)
-        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    crate::platform::fs::write_atomic(path, &bytes).map_err(|source| SlotError::Write {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(Saved {
         bytes: bytes.len() as u64,
         pages: st.saved_pages(),
@@ -103,23 +144,23 @@ pub fn write(
 }
 
 /// Reads and checks the state at `path` for `rt`; `None` when there is none.
-pub fn read(rt: &dyn SessionRuntime, path: &Path) -> Option<Result<InstanceState, String>> {
+pub fn read(rt: &dyn SessionRuntime, path: &Path) -> Option<Result<InstanceState, SlotError>> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => return Some(Err(format!("its state file could not be opened: {e}"))),
+        Err(e) => return Some(Err(SlotError::Open(e))),
     };
     let mut bytes = Vec::new();
     let read = file
         .take(MAX_STATE_FILE + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("its state file could not be read: {e}"));
+        .map_err(SlotError::Read);
     Some(read.and_then(|n| {
         if n as u64 > MAX_STATE_FILE {
-            return Err("its state file is larger than any session's state".into());
+            return Err(SlotError::TooLarge);
         }
-        let key = rt.state_key()?;
-        InstanceState::decode(&bytes, &key).map_err(|e| e.to_string())
+        let key = rt.state_key().map_err(SlotError::refused)?;
+        InstanceState::decode(&bytes, &key).map_err(SlotError::refused)
     }))
 }
 
@@ -192,7 +233,7 @@ pub fn copy_reseeded(from: &Path, to: &Path) -> std::io::Result<()> {
 /// Why a saved session was not restored.
 pub enum Unrestored {
     /// The file failed its checks and was removed: the call goes on in a fresh session.
-    Unusable(String),
+    Unusable(SlotError),
     /// No instance could be made to hold it now (memory, instance slots): the file is where it
     /// was, for the next call to try again.
     Kept(String),
@@ -260,8 +301,8 @@ pub fn restore(
     Some(Ok((session, notes)))
 }
 
-/// Where and when a call's session is kept on disk.
-pub struct Keep<'a> {
+/// Where and when a call's session is saved on disk.
+pub struct Persistence<'a> {
     /// Its state file.
     pub state: &'a Path,
     /// Save it after the call (`WASMBOX_SAVE_EVERY_CALL`).
@@ -306,14 +347,14 @@ impl Slot {
         rt: &dyn SessionRuntime,
         path: &Path,
         gate: &dyn StateGate,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, SlotError> {
         let State::Live {
             session,
             saved,
             marked,
         } = &mut self.state
         else {
-            return Err("no live session".into());
+            return Err(SlotError::NotLive);
         };
         if *saved && let Ok(m) = std::fs::metadata(path) {
             return Ok(m.len());
@@ -333,16 +374,16 @@ impl Slot {
         rt: &dyn SessionRuntime,
         path: &Path,
         gate: &dyn StateGate,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, SlotError> {
         let bytes = self.save(rt, path, gate)?;
         self.state = State::Empty;
         Ok(bytes)
     }
 
-    fn live(&mut self) -> Result<&mut Session, String> {
+    fn live(&mut self) -> Result<&mut Session, SlotError> {
         match &mut self.state {
             State::Live { session, .. } => Ok(session),
-            _ => Err("no live session".into()),
+            _ => Err(SlotError::NotLive),
         }
     }
 
@@ -353,7 +394,7 @@ impl Slot {
         rt: &dyn SessionRuntime,
         to: &Path,
         gate: &dyn StateGate,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, SlotError> {
         save(rt, self.live()?, to, gate).map(|s| s.bytes)
     }
 
@@ -364,9 +405,9 @@ impl Slot {
         rt: &dyn SessionRuntime,
         req: &ExecRequest,
         target: &mut Slot,
-    ) -> Result<Vec<String>, String> {
-        let (mut child, notes) = live::fork(rt, self.live()?, req).map_err(|e| e.to_string())?;
-        rt.reseed(&mut child).map_err(|e| e.to_string())?;
+    ) -> Result<Vec<String>, SlotError> {
+        let (mut child, notes) = live::fork(rt, self.live()?, req).map_err(SlotError::refused)?;
+        rt.reseed(&mut child).map_err(SlotError::refused)?;
         target.state = State::Live {
             session: child,
             saved: false,
@@ -437,9 +478,9 @@ impl Slot {
         rt: &dyn SessionRuntime,
         req: &ExecRequest,
         rich: bool,
-        keep: &Keep,
+        disk: &Persistence,
     ) -> crate::Result<ExecResult> {
-        let state_path = keep.state;
+        let state_path = disk.state;
         let name = rt.language().name();
         let mut notes = Vec::new();
         self.open(rt, req, state_path, &mut notes)?;
@@ -455,7 +496,7 @@ impl Slot {
         // session's variables are gone.
         let before = before_path(state_path);
         let mut kept_before = false;
-        if keep.durable {
+        if disk.durable {
             // Before `.before` is there to be removed after the call: a stop between then and the
             // next save finds the marker (a stop during the call finds `.before`, which wins).
             if !*marked {
@@ -520,8 +561,8 @@ impl Slot {
             if kept_before {
                 let _ = std::fs::remove_file(&before);
             }
-            if keep.save_after
-                && let Err(e) = self.save(rt, state_path, keep.gate)
+            if disk.save_after
+                && let Err(e) = self.save(rt, state_path, disk.gate)
             {
                 notes.push(format!(
                     "the {name} session could not be saved after this call: {e}"

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::SESSION_LANGUAGES;
 use crate::Wasmbox;
 use crate::lang::Language;
 use crate::sandbox::Sandbox;
+use crate::sandbox::slot::{SESSION_LANGUAGES, Slot};
 
 /// After a save that failed (a state over `WASMBOX_STATE_MB` or its owner's budget, a disk
 /// error), how much longer the session counts as used: the idle keeper and swap-outs try it
@@ -78,7 +78,7 @@ impl Wasmbox {
     }
 
     /// [`Self::swap_out`] with the slot already held.
-    fn swap_out_held(&self, sb: &Sandbox, language: Language, g: &mut super::Slot) -> bool {
+    fn swap_out_held(&self, sb: &Sandbox, language: Language, g: &mut Slot) -> bool {
         let Some(rt) = self.inner.runtimes.loaded_session(language) else {
             return false;
         };

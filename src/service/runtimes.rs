@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::OnceCell;
 
+use super::{Inner, bash_unavailable};
 use crate::engine::cache::Origin;
 use crate::engine::progress::ProgressSink;
 use crate::lang::go::{GoCacheStats, GoRuntime};
@@ -14,14 +15,46 @@ use crate::lang::javascript::JsRuntime;
 use crate::lang::live::SessionRuntime;
 use crate::lang::python::{PythonPaths, PythonRuntime};
 use crate::lang::{ExecRequest, ExecResult};
-use crate::{Error, Inner, Language, Result, Wasmbox, engine, lang};
+use crate::{Error, Language, Result, Wasmbox, engine, lang};
 
 /// Whether a runtime is ready, for `health` and `prepare`.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct RuntimeStatus {
     pub language: Language,
-    /// "ready", "not loaded yet", "missing: ...", or "not available in this build".
-    pub status: String,
+    pub status: RuntimeState,
+}
+
+/// A runtime's state; `health` shows it as its text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuntimeState {
+    /// Loaded; Go names its toolchain's version.
+    Ready { version: Option<String> },
+    /// Not loaded yet; it loads on first use (`from`: "; toolchain PATH" when worth saying).
+    NotLoaded { from: String },
+    /// Not there: the error a call would get.
+    Missing(String),
+    /// Not in this build (bash, the cloud's).
+    NotInThisBuild,
+}
+
+impl std::fmt::Display for RuntimeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RuntimeState::Ready { version: None } => f.write_str("ready"),
+            RuntimeState::Ready { version: Some(v) } => write!(f, "ready ({v})"),
+            RuntimeState::NotLoaded { from } => {
+                write!(f, "not loaded yet (loads on first use{from})")
+            }
+            RuntimeState::Missing(why) => write!(f, "missing: {why}"),
+            RuntimeState::NotInThisBuild => f.write_str("not available in this build"),
+        }
+    }
+}
+
+impl serde::Serialize for RuntimeState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 impl Wasmbox {
@@ -59,16 +92,13 @@ impl Wasmbox {
                 language,
                 status: match self.inner.runtimes.loaded(language) {
                     Some(rt) => rt.ready(),
-                    None => match unloaded(language, dir) {
-                        Ok(found) => format!("not loaded yet (loads on first use{found})"),
-                        Err(missing) => format!("missing: {missing}"),
-                    },
+                    None => unloaded(language, dir),
                 },
             })
             .collect();
         out.push(RuntimeStatus {
             language: Language::Bash,
-            status: "not available in this build".into(),
+            status: RuntimeState::NotInThisBuild,
         });
         out
     }
@@ -92,7 +122,7 @@ impl Wasmbox {
                 let (rt, o) = self.load_go(progress).await?;
                 (rt as Arc<dyn Runtime>, o)
             }
-            Language::Bash => return Err(crate::bash_unavailable()),
+            Language::Bash => return Err(bash_unavailable()),
         })
     }
 
@@ -146,7 +176,7 @@ impl Wasmbox {
                 language.name()
             ))
         };
-        if !crate::session::SESSION_LANGUAGES.contains(&language) {
+        if !crate::sandbox::slot::SESSION_LANGUAGES.contains(&language) {
             return Err(no_sessions());
         }
         self.runtime(language, progress)
@@ -223,8 +253,8 @@ pub(crate) trait Runtime: Send + Sync {
     /// Its instance pools' counters.
     fn pools(&self) -> Vec<engine::pool::PoolStats>;
     /// What `health` says of it once loaded.
-    fn ready(&self) -> String {
-        "ready".into()
+    fn ready(&self) -> RuntimeState {
+        RuntimeState::Ready { version: None }
     }
     /// The runtime that keeps its sessions, if it keeps any.
     fn sessions(self: Arc<Self>) -> Option<Arc<dyn SessionRuntime>>;
@@ -253,37 +283,39 @@ impl Runtime for GoRuntime {
     fn pools(&self) -> Vec<engine::pool::PoolStats> {
         Vec::new()
     }
-    fn ready(&self) -> String {
-        format!("ready ({})", self.toolchain().version)
+    fn ready(&self) -> RuntimeState {
+        RuntimeState::Ready {
+            version: Some(self.toolchain().version.clone()),
+        }
     }
     fn sessions(self: Arc<Self>) -> Option<Arc<dyn SessionRuntime>> {
         None
     }
 }
 
-/// Where an unloaded runtime would load from (`Ok`, said after "loads on first use"), or why
-/// it cannot (`Err`), without loading it.
-fn unloaded(language: Language, dir: &std::path::Path) -> std::result::Result<String, String> {
+/// Where an unloaded runtime would load from, or why it cannot, without loading it.
+fn unloaded(language: Language, dir: &std::path::Path) -> RuntimeState {
+    let from = |from: String| RuntimeState::NotLoaded { from };
     match language {
-        Language::Python => PythonPaths::new(dir)
-            .check()
-            .map(|()| String::new())
-            .map_err(|e| e.to_string()),
+        Language::Python => match PythonPaths::new(dir).check() {
+            Ok(()) => from(String::new()),
+            Err(e) => RuntimeState::Missing(e.to_string()),
+        },
         Language::JavaScript => {
             let path = lang::javascript::module_path(dir);
             match path.is_file() {
-                true => Ok(String::new()),
-                false => Err(missing("javascript", path)),
+                true => from(String::new()),
+                false => RuntimeState::Missing(missing("javascript", path)),
             }
         }
         Language::Go => match lang::go::find_go(dir) {
-            Some(p) if p.is_file() => Ok(format!("; toolchain {}", p.display())),
-            _ => Err(format!(
+            Some(p) if p.is_file() => from(format!("; toolchain {}", p.display())),
+            _ => RuntimeState::Missing(format!(
                 "{}; or set WASMBOX_GO to a go 1.21+ binary",
                 missing("go", lang::go::pinned_go(dir))
             )),
         },
-        Language::Bash => Err("not available in this build".into()),
+        Language::Bash => RuntimeState::NotInThisBuild,
     }
 }
 

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::bash_unavailable;
 use crate::engine::limits::LimitHit;
 use crate::lang::{ExecRequest, ExecResult, Language};
 use crate::sandbox::Sandbox;
 use crate::sandbox::jobs::Job;
-use crate::{Error, Result, Wasmbox, bash_unavailable, cloud, config, engine, fit, lang, sandbox};
+use crate::{Error, Result, Wasmbox, cloud, config, engine, fit, lang, sandbox};
 
 /// What a caller asks for, before validation (the shape of the MCP tools' arguments).
 #[derive(Clone, Debug, Default)]
@@ -35,6 +36,17 @@ pub struct ExecOptions {
     pub allow_hosts: Option<Vec<String>>,
     /// Who to ask before the run's code calls a destructive tool of the person's MCP servers.
     pub consent: Option<Arc<dyn crate::reach::tools::Consent>>,
+}
+
+/// Where a one-shot goes and what it needs first, beside its run's [`ExecOptions`].
+#[derive(Clone, Debug, Default)]
+pub struct OneShot {
+    /// A HOPX template: a cloud-only one runs the one-shot in the cloud.
+    pub template: Option<String>,
+    /// Runs the one-shot in the HOPX cloud (local sandboxes have no network).
+    pub internet_access: bool,
+    /// Pure-Python packages to install first (local Python one-shots only).
+    pub packages: Vec<String>,
 }
 
 /// A blocking execution handed to a guest thread.
@@ -120,6 +132,30 @@ impl Wasmbox {
             reach: Some(reach),
             packages: Vec::new(),
         })
+    }
+
+    /// A one-shot from what the caller asked: validated, its packages installed, run where
+    /// routing says. The packages' outcome comes back for the caller's note.
+    pub async fn oneshot(
+        &self,
+        opts: ExecOptions,
+        shot: OneShot,
+    ) -> Result<(ExecResult, Option<crate::packages::Outcome>)> {
+        let mut req = self.request(opts)?;
+        let mut installed = None;
+        if !shot.packages.is_empty() {
+            if req.language != Language::Python || shot.internet_access || shot.template.is_some() {
+                let why = "packages are installed for local Python one-shots only (in the HOPX cloud, pip install in the code works)";
+                return Err(Error::invalid(why));
+            }
+            let (paths, out) = self.oneshot_packages(&shot.packages, &req.owner).await?;
+            req.packages = paths;
+            installed = Some(out);
+        }
+        let r = self
+            .execute_routed(req, shot.template.as_deref(), shot.internet_access)
+            .await?;
+        Ok((r, installed))
     }
 
     /// Runs a one-shot: a fresh sandbox that has never run user code, dropped afterwards.
@@ -304,13 +340,13 @@ impl Wasmbox {
                 let gate = self.inner.sandboxes.state_gate(&sb.owner);
                 Box::new(move || {
                     let mut slot = slot;
-                    let keep = crate::session::slot::Keep {
+                    let disk = crate::sandbox::slot::Persistence {
                         state: &path,
                         save_after,
                         durable,
                         gate: &gate,
                     };
-                    slot.call(&*rt, &req, rich, &keep)
+                    slot.call(&*rt, &req, rich, &disk)
                 })
             }
             None => self.runner(req).await?,
