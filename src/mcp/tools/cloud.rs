@@ -64,7 +64,7 @@ impl WasmboxServer {
     ) -> Result<Json<ExecReply>, ToolError> {
         let sb = &csb.sandbox;
         let background = mode == Mode::Background;
-        let mut req = ExecuteRequest::new(a.language.clone(), a.code);
+        let mut req = ExecuteRequest::new(a.snippet.language.clone(), a.snippet.code);
         req.timeout = self.cloud_timeout(a.timeout, background);
         req.env = a.env.unwrap_or_default();
         req.workdir = a.working_dir.or_else(|| Some(WORKSPACE_GUEST.into()));
@@ -76,7 +76,8 @@ impl WasmboxServer {
                 return Ok(v);
             }
             let r = sb.execute(&req).await?;
-            let language = crate::Language::parse(&a.language).unwrap_or(crate::Language::Bash);
+            let language =
+                crate::Language::parse(&a.snippet.language).unwrap_or(crate::Language::Bash);
             let mut r = r.into_exec_result(language);
             r.cloud_sandbox_id = Some(sb.id().to_string());
             let reply = ExecReply::run(&r, mode.into(), &csb.id);

@@ -17,15 +17,22 @@ use crate::{Error, ExecOptions, OneShot};
 pub const BACKGROUND_TIMEOUT: f64 = 300.0;
 pub const BACKGROUND_MAX_TIMEOUT: f64 = 3600.0;
 
+/// What every exec tool runs, the same in each tool's schema: the code and its language.
 #[derive(Deserialize, JsonSchema)]
-pub struct ExecuteCodeIsolatedArgs {
+pub struct Snippet {
     /// The code to run.
-    code: String,
+    pub code: String,
     /// python (default), javascript (js, node), go (golang) or bash. python, javascript and go
     /// run locally.
     #[serde(default = "default_language")]
     #[schemars(schema_with = "language_schema")]
-    language: String,
+    pub language: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct ExecuteCodeIsolatedArgs {
+    #[serde(flatten)]
+    snippet: Snippet,
     /// Deadline in seconds (default 30, max 300).
     #[serde(default, deserialize_with = "lenient_opt")]
     #[schemars(range(min = 0.001, max = 300))]
@@ -81,8 +88,8 @@ impl From<Mode> for ExecMode {
 
 #[derive(Deserialize, JsonSchema)]
 pub struct ExecuteCodeArgs {
-    /// The code to run.
-    pub code: String,
+    #[serde(flatten)]
+    pub snippet: Snippet,
     /// isolated (default): a one-shot in a fresh sandbox, discarded afterwards. persistent: in
     /// the sandbox's live session (variables persist). rich: persistent, plus plots as PNG
     /// images and a final DataFrame as HTML. background: returns a process_id at once.
@@ -91,11 +98,6 @@ pub struct ExecuteCodeArgs {
     /// Required by the persistent, rich and background modes (from create_sandbox).
     #[serde(default)]
     pub sandbox_id: Option<String>,
-    /// python (default), javascript (js, node), go (golang) or bash. python, javascript and go
-    /// run locally.
-    #[serde(default = "default_language")]
-    #[schemars(schema_with = "language_schema")]
-    pub language: String,
     /// Deadline in seconds (default 30; max 300, 3600 in background mode).
     #[serde(default, deserialize_with = "lenient_opt")]
     #[schemars(range(min = 0.001, max = 3600))]
@@ -139,11 +141,8 @@ pub struct ExecuteCodeArgs {
 pub struct ExecuteInSandboxArgs {
     /// The sandbox id (from create_sandbox).
     pub(super) sandbox_id: String,
-    /// The code to run.
-    pub(super) code: String,
-    #[serde(default = "default_language")]
-    #[schemars(schema_with = "language_schema")]
-    pub(super) language: String,
+    #[serde(flatten)]
+    pub(super) snippet: Snippet,
     /// Deadline in seconds (default 30, max 300; background: default 300, max 3600).
     #[serde(default, deserialize_with = "lenient_opt")]
     #[schemars(range(min = 0.001, max = 3600))]
@@ -172,17 +171,14 @@ pub struct ExecuteInSandboxArgs {
 
 #[derive(Deserialize, JsonSchema)]
 pub struct ExecuteAsyncArgs {
-    /// The code to run.
-    code: String,
+    #[serde(flatten)]
+    snippet: Snippet,
     /// Where to POST the result (http/https; loopback hosts unless the server allows others).
     /// Signed: X-Wasmbox-Signature = sha256=HMAC(secret, X-Wasmbox-Timestamp + "." + body).
     callback_url: String,
     /// Run in this sandbox (as a background job); omit for a one-shot.
     #[serde(default)]
     sandbox_id: Option<String>,
-    #[serde(default = "default_language")]
-    #[schemars(schema_with = "language_schema")]
-    language: String,
     /// Deadline in seconds (default 30; max 300 for a one-shot, 3600 in a sandbox).
     #[serde(default, deserialize_with = "lenient_opt")]
     #[schemars(range(min = 0.001, max = 3600))]
@@ -228,8 +224,8 @@ impl WasmboxServer {
             return self
                 .one_shot(
                     code_options(
-                        &a.language,
-                        a.code,
+                        &a.snippet.language,
+                        a.snippet.code,
                         a.timeout,
                         a.env,
                         a.echo.unwrap_or(false),
@@ -249,18 +245,21 @@ impl WasmboxServer {
                 Target::Local(sb) => sb,
                 Target::Cloud(_) => {
                     let why = "packages installs into local sandboxes; in a HOPX cloud sandbox, run_command 'pip install NAME' installs with pip";
-                    return Err(exec_error(m, &Error::invalid(why), Some(&a.language)));
+                    return Err(exec_error(
+                        m,
+                        &Error::invalid(why),
+                        Some(&a.snippet.language),
+                    ));
                 }
             };
             self.wasmbox
                 .install_packages(&sb, p)
                 .await
-                .map_err(|e| exec_error(m, &e, Some(&a.language)))?;
+                .map_err(|e| exec_error(m, &e, Some(&a.snippet.language)))?;
         }
         let a = ExecuteInSandboxArgs {
             sandbox_id: id,
-            code: a.code,
-            language: a.language,
+            snippet: a.snippet,
             timeout: a.timeout,
             env: a.env,
             working_dir: a.working_dir,
@@ -278,13 +277,20 @@ impl WasmboxServer {
             Target::Local(sb) => sb,
             Target::Cloud(c) => return self.execute_in_cloud(&c, "execute_code", mode, a).await,
         };
-        let lang = a.language.clone();
+        let lang = a.snippet.language.clone();
         let fail = |e: Error| exec_error(ExecMode::Isolated, &e, Some(&lang));
         let max = self.wasmbox.config().max_timeout.as_secs_f64();
         let echo = a.echo.unwrap_or(false);
         let req = self
             .request(
-                code_options(&a.language, a.code, a.timeout, a.env, echo, a.allow_hosts),
+                code_options(
+                    &a.snippet.language,
+                    a.snippet.code,
+                    a.timeout,
+                    a.env,
+                    echo,
+                    a.allow_hosts,
+                ),
                 max,
             )
             .map_err(fail)?;
@@ -320,8 +326,8 @@ impl WasmboxServer {
     ) -> Result<Json<ExecReply>, ToolError> {
         self.one_shot(
             code_options(
-                &a.language,
-                a.code,
+                &a.snippet.language,
+                a.snippet.code,
                 a.timeout,
                 a.env,
                 a.echo.unwrap_or(false),
@@ -417,10 +423,17 @@ impl WasmboxServer {
             Some(_) => BACKGROUND_MAX_TIMEOUT,
             None => self.wasmbox.config().max_timeout.as_secs_f64(),
         };
-        let fail = |e: Error| exec_error(ExecMode::Async, &e, Some(&a.language));
+        let fail = |e: Error| exec_error(ExecMode::Async, &e, Some(&a.snippet.language));
         let req = self
             .request(
-                code_options(&a.language, a.code, a.timeout, a.env, false, None),
+                code_options(
+                    &a.snippet.language,
+                    a.snippet.code,
+                    a.timeout,
+                    a.env,
+                    false,
+                    None,
+                ),
                 max,
             )
             .map_err(fail)?;
@@ -534,13 +547,20 @@ impl WasmboxServer {
             Target::Local(sb) => sb,
             Target::Cloud(c) => return self.execute_in_cloud(&c, tool, mode, a).await,
         };
-        let lang = a.language.clone();
+        let lang = a.snippet.language.clone();
         let fail = |e: Error| exec_error(m, &e, Some(&lang));
         if mode == Mode::Background {
             let timeout = Some(a.timeout.unwrap_or(BACKGROUND_TIMEOUT));
             let req = self
                 .request(
-                    code_options(&a.language, a.code, timeout, a.env, false, a.allow_hosts),
+                    code_options(
+                        &a.snippet.language,
+                        a.snippet.code,
+                        timeout,
+                        a.env,
+                        false,
+                        a.allow_hosts,
+                    ),
                     BACKGROUND_MAX_TIMEOUT,
                 )
                 .map_err(fail)?;
@@ -570,7 +590,14 @@ impl WasmboxServer {
         let echo = a.echo.unwrap_or(true);
         let req = self
             .request(
-                code_options(&a.language, a.code, a.timeout, a.env, echo, a.allow_hosts),
+                code_options(
+                    &a.snippet.language,
+                    a.snippet.code,
+                    a.timeout,
+                    a.env,
+                    echo,
+                    a.allow_hosts,
+                ),
                 max,
             )
             .map_err(fail)?;
