@@ -30,12 +30,7 @@ pub fn linker(engine: &Engine) -> Result<Linker<GuestState>> {
 /// host memory from inside the import (Go): the answer is held, its length returned (-2 when
 /// the frame is not in memory), and [`take`] copies it out.
 fn call(mut caller: Caller<'_, GuestState>, ptr: i32, len: i32) -> wasmtime::Result<i32> {
-    let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
-    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
-        return Ok(-2);
-    };
-    let (data, state) = memory.data_and_store_mut(&mut caller);
-    let Some(frame) = data.get(ptr..ptr.saturating_add(len)) else {
+    let Some((_, frame, state)) = lent_frame(&mut caller, ptr, len) else {
         return Ok(-2);
     };
     let answer = host_call(state, frame)?;
@@ -91,12 +86,7 @@ fn call_import(
     out_ptr: i32,
     out_len: i32,
 ) -> wasmtime::Result<i32> {
-    let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
-    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
-        return Ok(-2);
-    };
-    let (data, state) = memory.data_and_store_mut(&mut caller);
-    let Some(frame) = data.get(ptr..ptr.saturating_add(len)) else {
+    let Some((memory, frame, state)) = lent_frame(&mut caller, ptr, len) else {
         return Ok(-2);
     };
     if HostCalls::is_call(&frame[..frame.len().min(64)]) {
@@ -107,7 +97,7 @@ fn call_import(
         return Ok(-1);
     };
     // A frame past the largest image the budget could take is counted by its head, not read.
-    let taken = if len > super::images::max_frame(&budget) {
+    let taken = if frame.len() > super::images::max_frame(&budget) {
         state.images.offer_oversized(frame)
     } else {
         state.images.offer(frame)
@@ -116,6 +106,19 @@ fn call_import(
         return Ok(-1);
     }
     write_answer(&mut caller, memory, b"1", out_ptr, out_len)
+}
+
+/// The guest's memory, the frame it lends at `ptr..ptr + len` and the call's state; `None` (the
+/// guest's -2) when it exports no memory or the frame is not in it.
+fn lent_frame<'a>(
+    caller: &'a mut Caller<'_, GuestState>,
+    ptr: i32,
+    len: i32,
+) -> Option<(Memory, &'a [u8], &'a mut GuestState)> {
+    let (ptr, len) = (ptr as u32 as usize, len as u32 as usize);
+    let memory = caller.get_export("memory").and_then(|e| e.into_memory())?;
+    let (data, state) = memory.data_and_store_mut(caller);
+    Some((memory, data.get(ptr..ptr.saturating_add(len))?, state))
 }
 
 /// Writes `answer` into memory the guest's allocator gives and its place and length where the

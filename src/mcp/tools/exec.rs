@@ -29,6 +29,18 @@ pub struct Snippet {
     pub language: String,
 }
 
+impl Snippet {
+    fn options(
+        self,
+        timeout: Option<f64>,
+        env: Env,
+        echo: bool,
+        allow_hosts: Option<Vec<String>>,
+    ) -> ExecOptions {
+        code_options(&self.language, self.code, timeout, env, echo, allow_hosts)
+    }
+}
+
 #[derive(Deserialize, JsonSchema)]
 pub struct ExecuteCodeIsolatedArgs {
     #[serde(flatten)]
@@ -223,14 +235,8 @@ impl WasmboxServer {
             }
             return self
                 .one_shot(
-                    code_options(
-                        &a.snippet.language,
-                        a.snippet.code,
-                        a.timeout,
-                        a.env,
-                        a.echo.unwrap_or(false),
-                        a.allow_hosts,
-                    ),
+                    a.snippet
+                        .options(a.timeout, a.env, a.echo.unwrap_or(false), a.allow_hosts),
                     OneShot {
                         template: a.template_name,
                         internet_access: a.internet_access.unwrap_or(false),
@@ -283,14 +289,7 @@ impl WasmboxServer {
         let echo = a.echo.unwrap_or(false);
         let req = self
             .request(
-                code_options(
-                    &a.snippet.language,
-                    a.snippet.code,
-                    a.timeout,
-                    a.env,
-                    echo,
-                    a.allow_hosts,
-                ),
+                a.snippet.options(a.timeout, a.env, echo, a.allow_hosts),
                 max,
             )
             .map_err(fail)?;
@@ -325,14 +324,8 @@ impl WasmboxServer {
         Parameters(a): Parameters<ExecuteCodeIsolatedArgs>,
     ) -> Result<Json<ExecReply>, ToolError> {
         self.one_shot(
-            code_options(
-                &a.snippet.language,
-                a.snippet.code,
-                a.timeout,
-                a.env,
-                a.echo.unwrap_or(false),
-                a.allow_hosts,
-            ),
+            a.snippet
+                .options(a.timeout, a.env, a.echo.unwrap_or(false), a.allow_hosts),
             OneShot {
                 template: a.template_name,
                 internet_access: a.internet_access.unwrap_or(false),
@@ -423,19 +416,10 @@ impl WasmboxServer {
             Some(_) => BACKGROUND_MAX_TIMEOUT,
             None => self.wasmbox.config().max_timeout.as_secs_f64(),
         };
-        let fail = |e: Error| exec_error(ExecMode::Async, &e, Some(&a.snippet.language));
+        let lang = a.snippet.language.clone();
+        let fail = |e: Error| exec_error(ExecMode::Async, &e, Some(&lang));
         let req = self
-            .request(
-                code_options(
-                    &a.snippet.language,
-                    a.snippet.code,
-                    a.timeout,
-                    a.env,
-                    false,
-                    None,
-                ),
-                max,
-            )
+            .request(a.snippet.options(a.timeout, a.env, false, None), max)
             .map_err(fail)?;
         let id = self
             .wasmbox
@@ -553,14 +537,7 @@ impl WasmboxServer {
             let timeout = Some(a.timeout.unwrap_or(BACKGROUND_TIMEOUT));
             let req = self
                 .request(
-                    code_options(
-                        &a.snippet.language,
-                        a.snippet.code,
-                        timeout,
-                        a.env,
-                        false,
-                        a.allow_hosts,
-                    ),
+                    a.snippet.options(timeout, a.env, false, a.allow_hosts),
                     BACKGROUND_MAX_TIMEOUT,
                 )
                 .map_err(fail)?;
@@ -590,14 +567,7 @@ impl WasmboxServer {
         let echo = a.echo.unwrap_or(true);
         let req = self
             .request(
-                code_options(
-                    &a.snippet.language,
-                    a.snippet.code,
-                    a.timeout,
-                    a.env,
-                    echo,
-                    a.allow_hosts,
-                ),
+                a.snippet.options(a.timeout, a.env, echo, a.allow_hosts),
                 max,
             )
             .map_err(fail)?;
