@@ -33,9 +33,9 @@ use rmcp::service::{RequestContext, RunningService};
 use rmcp::transport::async_rw::JsonRpcMessageCodec;
 use serde_json::{Map, Value};
 use tokio_util::codec::Decoder;
+use wasmbox::engine::cpu::LOCAL_OWNER;
 use wasmbox::mcp::WasmboxServer;
 use wasmbox::mcp::tools::fuzz_args::tool_names;
-use wasmbox::engine::cpu::LOCAL_OWNER;
 
 const PLACEHOLDER: &str = "SANDBOX";
 
