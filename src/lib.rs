@@ -17,6 +17,7 @@ pub mod reach;
 pub mod sandbox;
 mod service;
 pub mod setup;
+pub mod telemetry;
 #[cfg(test)]
 mod testing;
 
