@@ -628,6 +628,84 @@ fn mcp_path(c: &mut Criterion) {
     g.finish();
 }
 
+/// The audit log's cost on the MCP path: two `wasmbox serve` children, the log on in one and off
+/// in the other, driven over stdio by rmcp's client with a pooled one-shot, in turn, call by
+/// call (one sitting: the machine's drift falls on both alike). Criterion times each; the
+/// interleaved p50s are printed beside it, as `audit_on/off{rhythm}`.
+fn audit(c: &mut Criterion) {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+    // Its servers and interleaved calls take ~30 s: only when no filter leaves it out.
+    if std::env::args()
+        .skip(1)
+        .any(|a| !a.starts_with('-') && !a.contains("audit"))
+    {
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_wasmbox");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wb = wasmbox(4, &rt);
+    let py = rt.block_on(wb.python()).unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let serve = |audit: &str, dir: &std::path::Path| {
+        rt.block_on(async {
+            let t = TokioChildProcess::new(tokio::process::Command::new(bin).configure(|cmd| {
+                cmd.arg("serve")
+                    .env("WASMBOX_DATA", dir)
+                    .env("WASMBOX_AUDIT", audit);
+            }))
+            .unwrap();
+            ().serve(t).await.unwrap()
+        })
+    };
+    let on = serve("1", &data.path().join("on"));
+    let off = serve("0", &data.path().join("off"));
+    let args = serde_json::json!({"code": "print(1+1)"});
+    let oneshot = |client: &rmcp::service::RunningService<rmcp::RoleClient, ()>| {
+        let r = rt
+            .block_on(
+                client.call_tool(
+                    CallToolRequestParams::new("execute_code")
+                        .with_arguments(args.as_object().unwrap().clone()),
+                ),
+            )
+            .unwrap();
+        assert_ne!(r.is_error, Some(true));
+    };
+    for _ in 0..20 {
+        oneshot(&on);
+        oneshot(&off);
+    }
+    let mut g = c.benchmark_group("audit");
+    g.sample_size(30);
+    for (rhythm, idle) in [
+        ("_2ms", Duration::from_millis(2)),
+        ("_idle", Duration::from_millis(20)),
+    ] {
+        let (mut each_on, mut each_off) = (Vec::new(), Vec::new());
+        for _ in 0..200 {
+            each_after_idle(&py, 1, idle, &mut each_on, || oneshot(&on));
+            each_after_idle(&py, 1, idle, &mut each_off, || oneshot(&off));
+        }
+        print_quantiles(&format!("audit_on{rhythm}"), &mut each_on);
+        print_quantiles(&format!("audit_off{rhythm}"), &mut each_off);
+        let timed = |client, n: u64| {
+            each_after_idle(&py, n, idle, &mut Vec::new(), || oneshot(client))
+        };
+        g.bench_function(format!("oneshot_on{rhythm}"), |b| {
+            b.iter_custom(|n| timed(&on, n))
+        });
+        g.bench_function(format!("oneshot_off{rhythm}"), |b| {
+            b.iter_custom(|n| timed(&off, n))
+        });
+    }
+    g.finish();
+    let lines = std::fs::read_to_string(data.path().join("on").join("audit.jsonl"))
+        .map_or(0, |t| t.lines().count());
+    assert!(lines > 0, "the audit log was on and wrote nothing");
+}
+
 criterion_group!(
     benches,
     pool_hit,
@@ -639,7 +717,8 @@ criterion_group!(
     durable,
     reach,
     code_mode,
-    mcp_path
+    mcp_path,
+    audit
 );
 
 /// For `benches/compare.py` (`WASMBOX_BENCH_P50=<calls>`): p50 and p90 of pool-hit Python

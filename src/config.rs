@@ -76,6 +76,9 @@ pub struct Config {
     pub sessions_per_token: usize,
     /// What guests may reach through the host (`reach::ReachConfig::from_env`).
     pub reach: crate::reach::ReachConfig,
+    /// The audit log's cap on one file (`WASMBOX_AUDIT_MB`, 64; three files are kept);
+    /// `None` (`WASMBOX_AUDIT=0`): no audit log.
+    pub audit_bytes: Option<u64>,
     /// A folder of `.whl` files installs look in first (`WASMBOX_WHEELHOUSE`).
     pub wheelhouse: Option<PathBuf>,
     /// The package index's base URL (`WASMBOX_PACKAGE_INDEX`; PyPI), asked unless offline.
@@ -121,7 +124,8 @@ impl Config {
     /// `WASMBOX_SNAPSHOT_DISK_MB` (per owner: snapshots and saved sessions), `WASMBOX_STATE_MB`
     /// (one session's saved state; default the memory limit), `WASMBOX_LIVE_SESSIONS` (in memory at once),
     /// `WASMBOX_WEBHOOK_ALLOW_ANY`, `WASMBOX_WEBHOOK_ALLOW_PRIVATE` (with ALLOW_ANY only),
-    /// `WASMBOX_WEBHOOK_SECRET`, `WASMBOX_WHEELHOUSE`, `WASMBOX_PACKAGE_INDEX`, `WASMBOX_MOUNTS`, `WASMBOX_MOUNT_DISK_MB`,
+    /// `WASMBOX_WEBHOOK_SECRET`, `WASMBOX_AUDIT` (0: no audit log), `WASMBOX_AUDIT_MB`,
+    /// `WASMBOX_WHEELHOUSE`, `WASMBOX_PACKAGE_INDEX`, `WASMBOX_MOUNTS`, `WASMBOX_MOUNT_DISK_MB`,
     /// `WASMBOX_MOUNT_FILES`, and for the HOPX cloud (read by [`CloudConfig::from_env`])
     /// `HOPX_API_KEY`, `HOPX_BASE_URL`, `WASMBOX_OFFLINE`, `WASMBOX_MAX_CLOUD_SANDBOXES`,
     /// `WASMBOX_MAX_CLOUD_SANDBOXES_PER_TOKEN` and `WASMBOX_CLOUD_SANDBOX_MAX_TIMEOUT` (seconds).
@@ -230,6 +234,10 @@ impl Config {
             },
             sessions_per_token: env_num("WASMBOX_SESSIONS_PER_TOKEN").unwrap_or(16).max(1),
             reach: crate::reach::ReachConfig::from_env(),
+            audit_bytes: match std::env::var("WASMBOX_AUDIT").as_deref() {
+                Ok("0") => None,
+                _ => Some(env_num("WASMBOX_AUDIT_MB").unwrap_or(64).max(1) as u64 * MIB as u64),
+            },
             wheelhouse: std::env::var_os("WASMBOX_WHEELHOUSE")
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),

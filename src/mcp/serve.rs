@@ -15,6 +15,7 @@ pub async fn serve_stdio(wasmbox: Wasmbox) -> anyhow::Result<()> {
     // The client is on this machine, reading each answer as the call's left-over work starts.
     crate::engine::threads::settle_after_reply(SETTLE);
     warm_up(&wasmbox);
+    start_audit(&wasmbox, &[]);
     let keeper = wasmbox.clone();
     let service = WasmboxServer::new(wasmbox).serve(stdio()).await?;
     // The client closing stdin ends the server; so does SIGTERM/SIGINT. Either way sandboxes'
@@ -27,8 +28,47 @@ pub async fn serve_stdio(wasmbox: Wasmbox) -> anyhow::Result<()> {
         }
     };
     keeper.save_all(SAVE_AT_EXIT).await;
+    crate::telemetry::audit::close();
     ended?;
     Ok(())
+}
+
+/// Starts the audit log (unless `WASMBOX_AUDIT=0`), quoting code with the secrets' values,
+/// the HOPX key and the HTTP `tokens` replaced. A log that cannot be opened is said on stderr
+/// and the server serves without it.
+pub(super) fn start_audit(wasmbox: &Wasmbox, tokens: &[String]) {
+    use crate::telemetry::audit;
+    let config = wasmbox.config();
+    let Some(max_bytes) = config.audit_bytes else {
+        return;
+    };
+    let path = wasmbox.sandboxes().audit_path();
+    let secrets = config.reach.secrets.clone();
+    let mut hidden: Vec<String> = tokens.iter().filter(|t| !t.is_empty()).cloned().collect();
+    if let Some(k) = &config.cloud.api_key
+        && !k.expose().is_empty()
+    {
+        hidden.push(k.expose().to_string());
+    }
+    let redact: audit::Redact = Box::new(move |code: String| {
+        let scrubbed = crate::reach::secrets::scrub(&secrets, code.into_bytes());
+        let mut text = String::from_utf8_lossy(&scrubbed).into_owned();
+        for h in &hidden {
+            text = text.replace(h.as_str(), "***");
+        }
+        text
+    });
+    let settings = audit::Settings {
+        path: path.clone(),
+        max_bytes,
+    };
+    match audit::start(settings, redact) {
+        Ok(()) => tracing::debug!("audit log: {}", path.display()),
+        Err(e) => tracing::warn!(
+            "audit log {}: {e}; tool calls are not logged (WASMBOX_AUDIT=0 turns it off)",
+            path.display()
+        ),
+    }
 }
 
 /// How long a call's left-over work (a pool refill, a spent instance's teardown) waits after

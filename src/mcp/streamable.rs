@@ -62,6 +62,7 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
         anyhow::bail!("every HTTP token must be at least 16 characters long");
     }
     warm_up(&wasmbox);
+    super::serve::start_audit(&wasmbox, &opts.tokens);
     let keeper = wasmbox.clone();
     let tokens: Vec<TokenEntry> = opts
         .tokens
@@ -137,6 +138,7 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
         } => {}
     }
     keeper.save_all(super::serve::SAVE_AT_EXIT).await;
+    crate::telemetry::audit::close();
     Ok(())
 }
 

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use super::Reach;
 use super::http::{self, Failure};
 use super::tools::cut;
+use crate::telemetry::audit::HostCall;
 
 const HTTP: &[u8] = b"wasmbox:http\n";
 
@@ -142,16 +143,28 @@ impl HostCalls {
             Ok(r) => r,
             Err(e) => return Started::Now(protocol(&format!("the request's head: {e}"))),
         };
+        let url = reqwest::Url::parse(&req.url).ok();
+        let host = url.as_ref().map(|u| {
+            let (host, port) = super::secrets::host_port(u);
+            format!("{host}:{port}")
+        });
         // A request the policy refuses is answered here, without a hop to the reach thread.
-        if let Ok(url) = reqwest::Url::parse(&req.url)
-            && let Err(f) = http::check_url(&reach, &url)
+        if let Some(url) = &url
+            && let Err(f) = http::check_url(&reach, url)
         {
+            note_http(&reach, host, Err(&f));
             return Started::Now(super::secrets::scrub(&reach.config.secrets, failure(&f)));
         }
         let (tx, rx) = mpsc::sync_channel(1);
         let task = runtime().spawn(async move {
             let secrets = &reach.config.secrets;
-            let answer = match http::fetch(&reach, req, body).await {
+            let fetched = http::fetch(&reach, req, body).await;
+            note_http(
+                &reach,
+                host,
+                fetched.as_ref().map(|(head, _)| head.status),
+            );
+            let answer = match fetched {
                 Ok((head, body)) => answer(&head, &body),
                 // Scrubbed before it is cut (a value cut in two would not be found whole).
                 Err(f) => failure(&Failure::new(
@@ -241,10 +254,14 @@ impl HostCalls {
                     let (list, _) = tools.list().await;
                     tool_answer(&answer_id, json!({ "tools": list }))
                 }
-                Some((tool, args)) => match tools.call(&tool, args, reach.consent.as_ref()).await {
-                    Ok(value) => tool_answer(&answer_id, json!({ "value": value })),
-                    Err(f) => tool_failure(&answer_id, f.kind, &f.message),
-                },
+                Some((tool, args)) => {
+                    let called = tools.call(&tool, args, reach.consent.as_ref()).await;
+                    note_tool(&reach, &tool, called.as_ref().err().map(|f| f.kind));
+                    match called {
+                        Ok(value) => tool_answer(&answer_id, json!({ "value": value })),
+                        Err(f) => tool_failure(&answer_id, f.kind, &f.message),
+                    }
+                }
             };
             let _ = tx.send(super::secrets::scrub(&reach.config.secrets, answer));
         });
@@ -281,6 +298,48 @@ impl HostCalls {
             None => failure(&Failure::new("budget", message)),
         }
     }
+}
+
+/// Notes an HTTP request for the call's audit line: its `host:port` and status, or why it
+/// failed. Never its path, query, headers or body, which can carry what the code was lent.
+fn note_http(reach: &Reach, host: Option<String>, outcome: Result<u16, &Failure>) {
+    let Some(log) = &reach.log else { return };
+    let (status, outcome, error) = match outcome {
+        Ok(status) => (Some(status), "ok", None),
+        Err(f) if f.kind == "refused" => (None, "refused", Some(f.kind.to_string())),
+        Err(f) => (None, "error", Some(f.kind.to_string())),
+    };
+    log.note(HostCall {
+        kind: "http",
+        host,
+        server: None,
+        tool: None,
+        status,
+        outcome,
+        error,
+    });
+}
+
+/// Notes a code-mode tool call: its server and tool (`server__tool`), and how it ended.
+fn note_tool(reach: &Reach, name: &str, failed: Option<&str>) {
+    let Some(log) = &reach.log else { return };
+    let (server, tool) = match name.split_once("__") {
+        Some((s, t)) => (Some(s.to_string()), Some(t.to_string())),
+        None => (None, Some(name.to_string())),
+    };
+    log.note(HostCall {
+        kind: "tool",
+        host: None,
+        server,
+        tool,
+        status: None,
+        outcome: match failed {
+            None => "ok",
+            Some("denied" | "unknown_tool") => "refused",
+            Some(_) => "error",
+        },
+        error: failed.map(str::to_string),
+    });
 }
 
 /// A tools-protocol frame from the guest.

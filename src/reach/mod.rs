@@ -15,6 +15,8 @@ pub mod tools;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::telemetry::audit::HostLog;
+
 pub use policy::{ALLOW_HOSTS, BadPattern, HostList, HostPattern};
 
 /// `WASMBOX_ALLOW_PRIVATE_HOSTS`: names the flag in refusals.
@@ -138,6 +140,8 @@ pub struct Reach {
     pub tools: Option<Arc<tools::CodeTools>>,
     /// Asks the person behind the call that started the run.
     pub consent: Option<Arc<dyn tools::Consent>>,
+    /// Where the run's host calls are noted for the call's audit line (`None`: audit off).
+    pub log: Option<Arc<HostLog>>,
 }
 
 impl std::fmt::Debug for Reach {
@@ -172,22 +176,31 @@ impl Reach {
             client,
             tools,
             consent: None,
+            log: None,
         })
     }
 
     /// This reach for one caller: code mode only for the local user (over stdio; an HTTP
-    /// token's code never reaches the person's own MCP servers), with who to ask for consent.
+    /// token's code never reaches the person's own MCP servers), with who to ask for consent
+    /// and where its host calls are noted.
     pub fn for_caller(
         self: Arc<Self>,
         local: bool,
         consent: Option<Arc<dyn tools::Consent>>,
+        log: Option<Arc<HostLog>>,
     ) -> Arc<Self> {
-        if consent.is_none() && (local || self.tools.is_none()) && self.consent.is_none() {
+        if consent.is_none()
+            && log.is_none()
+            && (local || self.tools.is_none())
+            && self.consent.is_none()
+            && self.log.is_none()
+        {
             return self;
         }
         Arc::new(Self {
             tools: self.tools.clone().filter(|_| local),
             consent,
+            log,
             ..(*self).clone()
         })
     }

@@ -79,6 +79,15 @@ impl Sandboxes {
         }
     }
 
+    /// The audit log: in the data directory, beside `sandboxes/` (so it outlives the
+    /// process); inside the temporary root without one.
+    pub fn audit_path(&self) -> PathBuf {
+        match &self.root {
+            Root::Data(d) => d.parent().unwrap_or(d).join("audit.jsonl"),
+            Root::Temp(t) => t.path().join("audit.jsonl"),
+        }
+    }
+
     /// Whether sandboxes outlive the process (a data directory).
     pub fn persistent(&self) -> bool {
         matches!(self.root, Root::Data(_))

@@ -36,6 +36,8 @@ pub struct ExecOptions {
     pub allow_hosts: Option<Vec<String>>,
     /// Who to ask before the run's code calls a destructive tool of the person's MCP servers.
     pub consent: Option<Arc<dyn crate::reach::tools::Consent>>,
+    /// Where the run's host calls are noted for the call's audit line.
+    pub host_log: Option<Arc<crate::telemetry::audit::HostLog>>,
 }
 
 /// Where a one-shot goes and what it needs first, beside its run's [`ExecOptions`].
@@ -114,7 +116,7 @@ impl Wasmbox {
         let local = *owner == *engine::cpu::LOCAL_OWNER;
         let reach = self
             .reach_for(opts.allow_hosts.as_deref())?
-            .for_caller(local, opts.consent);
+            .for_caller(local, opts.consent, opts.host_log);
         Ok(ExecRequest {
             language,
             code: opts.code,

@@ -4,6 +4,7 @@
 
 mod common;
 
+mod audit;
 mod cancel;
 mod cli;
 mod cloud;

@@ -36,6 +36,7 @@ mod exec_reply;
 mod files;
 #[doc(hidden)]
 pub mod fuzz_args;
+mod observe;
 mod packages;
 mod prompt;
 mod reply;
@@ -377,47 +378,27 @@ impl ServerHandler for WasmboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         tracing::debug!(tool = %request.name, "tool call");
+        let observed = observe::Observed::begin(&request, &context);
+        let tool = if self.router.has_route(&request.name) {
+            request.name.to_string()
+        } else {
+            "unknown".to_string()
+        };
         // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it sees.
         // Only a call with no HTTP request at all is stdio's (the local owner): an HTTP call that
         // reached here unnamed is refused, never served with the local owner's sandboxes.
-        let owner = match context.extensions.get::<http::request::Parts>() {
-            None => return Ok(self.serve(request, context).await),
-            Some(parts) => parts.extensions.get::<Owner>().cloned(),
+        let (owner, transport) = match context.extensions.get::<http::request::Parts>() {
+            None => (Some(None), "stdio"),
+            Some(parts) => (parts.extensions.get::<Owner>().cloned().map(Some), "http"),
         };
-        let Some(owner) = owner else {
-            tracing::error!(tool = %request.name, "HTTP tool call without an owner refused");
-            return Ok(ToolError::exception(
-                "Unauthenticated request",
-                "this HTTP request reached the tools with no authenticated owner (a bearer token); refused rather than served as the local owner",
-            )
-            .with("error_type", "AuthenticationError")
-            .into_result()
-            .into());
+        let who = match &owner {
+            Some(Some(o)) => o.id.clone(),
+            Some(None) => self.owner.clone(),
+            None => "unauthenticated".into(),
         };
-        let Some(place) = owner.place(&context.ct).await else {
-            return Ok(ToolError::exception(
-                "Too many concurrent calls",
-                format!(
-                    "this token already has {} tool calls running and {} waiting (its limits; WASMBOX_TOKEN_CONCURRENCY and WASMBOX_TOKEN_QUEUE raise them): wait for one to finish",
-                    owner.max_calls, owner.max_waiting
-                ),
-            )
-            .with("error_type", "RateLimitError")
-            .into_result()
-            .into());
-        };
-        let Some(_place) = place else {
-            return Ok(ToolError::exception(
-                "Cancelled",
-                "the call was cancelled while it waited for a running place",
-            )
-            .with("error_type", "CancelledError")
-            .into_result()
-            .into());
-        };
-        let mut this = self.clone();
-        this.owner = owner.id.clone();
-        Ok(this.serve(request, context).await)
+        let answer = observed.scope(self.admit(owner, request, context)).await;
+        observed.end(&tool, who, transport, &answer);
+        Ok(answer)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -456,6 +437,56 @@ impl ServerHandler for WasmboxServer {
                 .with_description(prompt::DESCRIPTION)
                 .into(),
         )
+    }
+}
+
+impl WasmboxServer {
+    /// Serves a call whose caller is `owner` (`Some(None)`: stdio's local user; `None`: an HTTP
+    /// call the auth layer did not name), once the token has a running place for it.
+    async fn admit(
+        &self,
+        owner: Option<Option<Owner>>,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        let owner = match owner {
+            Some(None) => return self.serve(request, context).await,
+            Some(Some(owner)) => owner,
+            None => {
+                tracing::error!(tool = %request.name, "HTTP tool call without an owner refused");
+                return ToolError::exception(
+                    "Unauthenticated request",
+                    "this HTTP request reached the tools with no authenticated owner (a bearer token); refused rather than served as the local owner",
+                )
+                .with("error_type", "AuthenticationError")
+                .into_result()
+                .into();
+            }
+        };
+        let Some(place) = owner.place(&context.ct).await else {
+            return ToolError::exception(
+                "Too many concurrent calls",
+                format!(
+                    "this token already has {} tool calls running and {} waiting (its limits; WASMBOX_TOKEN_CONCURRENCY and WASMBOX_TOKEN_QUEUE raise them): wait for one to finish",
+                    owner.max_calls, owner.max_waiting
+                ),
+            )
+            .with("error_type", "RateLimitError")
+            .into_result()
+            .into();
+        };
+        let Some(_place) = place else {
+            return ToolError::exception(
+                "Cancelled",
+                "the call was cancelled while it waited for a running place",
+            )
+            .with("error_type", "CancelledError")
+            .into_result()
+            .into();
+        };
+        let mut this = self.clone();
+        this.owner = owner.id.clone();
+        this.serve(request, context).await
     }
 }
 
