@@ -124,6 +124,7 @@ impl Owner {
             return Some(Some(p));
         }
         let _in_line = self.waiting.clone().try_acquire_owned().ok()?;
+        let _counted = crate::telemetry::metrics::InTokenQueue::enter();
         tokio::select! {
             p = self.calls.clone().acquire_owned() => Some(p.ok()),
             () = cancelled.cancelled() => Some(None),
@@ -377,6 +378,7 @@ impl ServerHandler for WasmboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         tracing::debug!(tool = %request.name, "tool call");
+        crate::telemetry::metrics::call(&request.name, "ok"); // LEAD-WRAPPER
         // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it sees.
         // Only a call with no HTTP request at all is stdio's (the local owner): an HTTP call that
         // reached here unnamed is refused, never served with the local owner's sandboxes.
