@@ -63,7 +63,7 @@ fn gather_now(wb: &Wasmbox) -> Figures {
     );
     f.push(
         "wasmbox_pool_recycled",
-        "Instances that served a one-shot, were reset to as they were made and went back to the pool.",
+        "Instances that served a one-shot, were reset to their state as made and went back to the pool.",
         Type::Counter,
         per_pool(&|p| Figure::Counter(p.recycled)),
     );
