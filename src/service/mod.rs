@@ -167,11 +167,12 @@ impl Wasmbox {
         let (busy, background) = inner.cpu.busy();
         let (waiting, waiting_background) = inner.cpu.waiting();
         let (jobs_running, jobs_queued) = inner.jobs.load();
+        let free_guests = inner.live.available_permits();
         Load {
             cpu_slots: inner.cpu.total(),
             cpu_busy: (busy - background, background),
             cpu_waiting: (waiting, waiting_background),
-            guests_live: inner.config.max_guests - inner.live.available_permits(),
+            guests_live: inner.config.max_guests.saturating_sub(free_guests),
             guests_waiting: inner.guest_queue.load(Ordering::Relaxed),
             jobs_running,
             jobs_queued,
