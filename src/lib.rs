@@ -26,6 +26,6 @@ pub use engine::limits::{LimitHit, Limits};
 pub use error::{Error, Result};
 pub use lang::{ExecRequest, ExecResult, Language};
 pub use service::{
-    CloudSandbox, ExecOptions, OneShot, PAUSE_WAIT, RuntimeState, RuntimeStatus, SavedSession,
-    Wasmbox, cancelled, check_env,
+    CloudSandbox, ExecOptions, Load, OneShot, PAUSE_WAIT, RuntimeState, RuntimeStatus,
+    SavedSession, Wasmbox, cancelled, check_env,
 };

@@ -185,6 +185,18 @@ impl CpuSlots {
         (st.busy, st.background)
     }
 
+    /// Callers waiting for a slot now: foreground and background.
+    pub fn waiting(&self) -> (usize, usize) {
+        let st = self.state.lock().unwrap();
+        let fg = st
+            .waiters
+            .iter()
+            .filter(|w| !w.granted && w.class == Class::Foreground)
+            .count();
+        let bg = st.waiters.iter().filter(|w| !w.granted).count() - fg;
+        (fg, bg)
+    }
+
     /// Whether `owner` may take a `class` slot now (the turn among waiters aside).
     fn may_take(&self, st: &State, owner: &str, class: Class) -> bool {
         let background_room = st.background < self.background_cap();

@@ -2,6 +2,7 @@
 
 pub mod consent;
 mod hangup;
+pub mod metrics;
 pub mod progress;
 pub mod serve;
 mod streamable;

@@ -48,8 +48,8 @@ pub fn token_owner(token: &str) -> String {
     owner_id(&Sha256::digest(token.as_bytes()).into())
 }
 
-/// Serves MCP's streamable HTTP transport at `/mcp` until SIGINT/SIGTERM, every request
-/// authenticated by a bearer token.
+/// Serves MCP's streamable HTTP transport at `/mcp`, and the metrics at `/metrics`, until
+/// SIGINT/SIGTERM, every request authenticated by a bearer token.
 pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<()> {
     use anyhow::Context;
     if !opts.addr.ip().is_loopback() && !opts.allow_remote {
@@ -109,8 +109,16 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
         },
         hangups: Arc::new(Hangups::new(service.clone(), hangup::RESUME_GRACE)),
     });
+    let scraped = keeper.clone();
     let app = axum::Router::new()
         .nest_service("/mcp", service)
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let wb = scraped.clone();
+                async move { scrape(&wb).await }
+            }),
+        )
         .layer(axum::middleware::from_fn_with_state(gate, authenticate));
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
@@ -140,6 +148,17 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
     keeper.save_all(super::serve::SAVE_AT_EXIT).await;
     crate::telemetry::audit::close();
     Ok(())
+}
+
+/// `GET /metrics`: the figures as OpenMetrics text, behind the same token check as `/mcp`.
+async fn scrape(wasmbox: &Wasmbox) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let text = super::metrics::gather(wasmbox).await.encode();
+    (
+        [(http::header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)],
+        text,
+    )
+        .into_response()
 }
 
 /// Largest HTTP request body: a 4 MiB code input or a file upload, base64-encoded, with room.

@@ -303,12 +303,13 @@ impl HostCalls {
 /// Notes an HTTP request for the call's audit line: its `host:port` and status, or why it
 /// failed. Never its path, query, headers or body, which can carry what the code was lent.
 fn note_http(reach: &Reach, host: Option<String>, outcome: Result<u16, &Failure>) {
-    let Some(log) = &reach.log else { return };
     let (status, outcome, error) = match outcome {
         Ok(status) => (Some(status), "ok", None),
         Err(f) if f.kind == "refused" => (None, "refused", Some(f.kind.to_string())),
         Err(f) => (None, "error", Some(f.kind.to_string())),
     };
+    crate::telemetry::metrics::host_call("http", outcome);
+    let Some(log) = &reach.log else { return };
     log.note(HostCall {
         kind: "http",
         host,
@@ -322,6 +323,12 @@ fn note_http(reach: &Reach, host: Option<String>, outcome: Result<u16, &Failure>
 
 /// Notes a code-mode tool call: its server and tool (`server__tool`), and how it ended.
 fn note_tool(reach: &Reach, name: &str, failed: Option<&str>) {
+    let outcome = match failed {
+        None => "ok",
+        Some("denied" | "unknown_tool") => "refused",
+        Some(_) => "error",
+    };
+    crate::telemetry::metrics::host_call("tool", outcome);
     let Some(log) = &reach.log else { return };
     let (server, tool) = match name.split_once("__") {
         Some((s, t)) => (Some(s.to_string()), Some(t.to_string())),
@@ -333,11 +340,7 @@ fn note_tool(reach: &Reach, name: &str, failed: Option<&str>) {
         server,
         tool,
         status: None,
-        outcome: match failed {
-            None => "ok",
-            Some("denied" | "unknown_tool") => "refused",
-            Some(_) => "error",
-        },
+        outcome,
         error: failed.map(str::to_string),
     });
 }

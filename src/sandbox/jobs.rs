@@ -328,6 +328,12 @@ impl JobBudget {
         (st.running, st.by_owner.get(owner).copied().unwrap_or(0))
     }
 
+    /// Places taken now, and async executions queued for one.
+    pub fn load(&self) -> (usize, usize) {
+        let st = self.state.lock().unwrap();
+        (st.running, st.queued)
+    }
+
     /// A place for one more job of `owner`, or why there is none.
     pub fn try_take(self: &Arc<Self>, owner: &str) -> crate::Result<JobTicket> {
         let mut st = self.state.lock().unwrap();

@@ -112,6 +112,11 @@ impl Snapshots {
             .sum()
     }
 
+    /// What every owner's finished snapshots are charged, together (reads the directory).
+    pub fn charged_total(&self) -> u64 {
+        self.refresh().values().map(|(_, c)| *c).sum()
+    }
+
     /// The known snapshots, brought up to date with the directory: gone ones dropped, new ones
     /// read. One without a `meta.json` is not finished (this server's are reserved meanwhile).
     fn refresh(&self) -> MutexGuard<'_, HashMap<String, (String, u64)>> {

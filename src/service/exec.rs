@@ -12,6 +12,7 @@ use crate::engine::limits::LimitHit;
 use crate::lang::{ExecRequest, ExecResult, Language};
 use crate::sandbox::Sandbox;
 use crate::sandbox::jobs::Job;
+use crate::telemetry::metrics;
 use crate::{Error, Result, Wasmbox, cloud, config, engine, fit, lang, sandbox};
 
 /// What a caller asks for, before validation (the shape of the MCP tools' arguments).
@@ -143,7 +144,20 @@ impl Wasmbox {
         opts: ExecOptions,
         shot: OneShot,
     ) -> Result<(ExecResult, Option<crate::packages::Outcome>)> {
-        let mut req = self.request(opts)?;
+        let started = Instant::now();
+        let req = self.request(opts)?;
+        let language = req.language.as_str();
+        let r = self.oneshot_request(req, shot).await;
+        metrics::latency(metrics::Run::Oneshot, language, started.elapsed());
+        r
+    }
+
+    /// [`Self::oneshot`] once its request is valid.
+    async fn oneshot_request(
+        &self,
+        mut req: ExecRequest,
+        shot: OneShot,
+    ) -> Result<(ExecResult, Option<crate::packages::Outcome>)> {
         let mut installed = None;
         if !shot.packages.is_empty() {
             if req.language != Language::Python || shot.internet_access || shot.template.is_some() {
@@ -211,10 +225,18 @@ impl Wasmbox {
                 cfg.queue_wait.as_secs_f64()
             ))
         };
-        let _live = match tokio::time::timeout(cfg.queue_wait, self.inner.live.acquire()).await {
-            Ok(Ok(permit)) => permit,
-            Ok(Err(_)) => return Err(Error::busy("shutting down")),
-            Err(_) => return Err(busy()),
+        let _live = match self.inner.live.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => {
+                // Only a call that has to wait is counted in the queue (until it leaves it, by
+                // a permit, a timeout or its caller dropping it).
+                let _in_line = InLine::enter(&self.inner.guest_queue);
+                match tokio::time::timeout(cfg.queue_wait, self.inner.live.acquire()).await {
+                    Ok(Ok(permit)) => permit,
+                    Ok(Err(_)) => return Err(Error::busy("shutting down")),
+                    Err(_) => return Err(busy()),
+                }
+            }
         };
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
         let cpu = self.inner.cpu.clone();
@@ -319,6 +341,22 @@ impl Wasmbox {
     /// for the language (started on first use, replaced after it ended), Go as a program in the
     /// sandbox's workspace. `rich` collects plots and a final DataFrame (Python).
     pub async fn execute_in(
+        &self,
+        sb: &Arc<Sandbox>,
+        req: ExecRequest,
+        working_dir: Option<&str>,
+        rich: bool,
+    ) -> Result<ExecResult> {
+        // From here to the result: a session's start or restore and the queue are part of it.
+        let started = Instant::now();
+        let language = req.language.as_str();
+        let r = self.execute_in_place(sb, req, working_dir, rich).await;
+        metrics::latency(metrics::Run::Turn, language, started.elapsed());
+        r
+    }
+
+    /// [`Self::execute_in`], unmeasured.
+    async fn execute_in_place(
         &self,
         sb: &Arc<Sandbox>,
         mut req: ExecRequest,
@@ -497,6 +535,22 @@ mod futures_like {
     pub type Pending = std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<crate::ExecResult, String>> + Send>,
     >;
+}
+
+/// One more in a queue's count while held.
+struct InLine<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InLine<'a> {
+    fn enter(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Resolves once `cancel` is raised; never without one. (A `Stop` is a plain atomic, so it is

@@ -13,7 +13,7 @@ mod save;
 mod snapshot;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
@@ -42,6 +42,8 @@ struct Inner {
     runtimes: runtimes::Runtimes,
     /// Live guests (computing or waiting): a call waits for one within the queue wait.
     live: Semaphore,
+    /// Calls waiting for a place in `live`.
+    guest_queue: AtomicUsize,
     /// Guests computing: given back while a guest waits in a sleep.
     cpu: Arc<engine::cpu::CpuSlots>,
     guests: engine::threads::GuestThreads,
@@ -91,6 +93,7 @@ impl Wasmbox {
                     .map_err(|e| Error::wasm(format!("building the HTTP client: {e}")))?,
                 reach: Arc::new(reach::Reach::new(config.reach.clone()).map_err(Error::invalid)?),
                 live: Semaphore::new(config.max_guests),
+                guest_queue: AtomicUsize::new(0),
                 cpu: engine::cpu::CpuSlots::new(config.max_concurrency, config.foreground_slots),
                 guests: engine::threads::GuestThreads::new(
                     config.max_concurrency,
@@ -158,6 +161,24 @@ impl Wasmbox {
         })
     }
 
+    /// What is running and waiting now, for `/metrics`: cheap (a few locks, no I/O).
+    pub fn load(&self) -> Load {
+        let inner = &self.inner;
+        let (busy, background) = inner.cpu.busy();
+        let (waiting, waiting_background) = inner.cpu.waiting();
+        let (jobs_running, jobs_queued) = inner.jobs.load();
+        let free_guests = inner.live.available_permits();
+        Load {
+            cpu_slots: inner.cpu.total(),
+            cpu_busy: (busy - background, background),
+            cpu_waiting: (waiting, waiting_background),
+            guests_live: inner.config.max_guests.saturating_sub(free_guests),
+            guests_waiting: inner.guest_queue.load(Ordering::Relaxed),
+            jobs_running,
+            jobs_queued,
+        }
+    }
+
     /// `owner`'s running background jobs and async executions, and the caps.
     pub fn job_stats(&self, owner: &str) -> serde_json::Value {
         let cfg = &self.inner.config;
@@ -177,6 +198,20 @@ impl Wasmbox {
     pub fn sandboxes(&self) -> &Arc<Sandboxes> {
         &self.inner.sandboxes
     }
+}
+
+/// What [`Wasmbox::load`] reports; pairs are (foreground, background).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Load {
+    pub cpu_slots: usize,
+    pub cpu_busy: (usize, usize),
+    pub cpu_waiting: (usize, usize),
+    /// Guests alive (computing or waiting in a sleep), and calls waiting for a place among them.
+    pub guests_live: usize,
+    pub guests_waiting: usize,
+    /// Background jobs and async executions running, and async executions queued for a place.
+    pub jobs_running: usize,
+    pub jobs_queued: usize,
 }
 
 fn bash_unavailable() -> Error {

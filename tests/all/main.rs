@@ -23,6 +23,7 @@ mod job_limits;
 mod load;
 mod mcp_layer;
 mod mcp_protocol;
+mod metrics;
 mod modules;
 mod mounts;
 mod packages;

@@ -125,6 +125,7 @@ impl Owner {
             return Some(Some(p));
         }
         let _in_line = self.waiting.clone().try_acquire_owned().ok()?;
+        let _counted = crate::telemetry::metrics::InTokenQueue::enter();
         tokio::select! {
             p = self.calls.clone().acquire_owned() => Some(p.ok()),
             () = cancelled.cancelled() => Some(None),

@@ -127,6 +127,34 @@ pub struct Metrics {
     /// With sandbox_id: that sandbox, as get_sandbox describes it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxInfo>,
+    /// What `GET /metrics` carries (server-wide, every token's), by the name its samples have
+    /// there (a counter's ends in `_total`): each an array of samples.
+    #[schemars(with = "BTreeMap<String, Vec<FigureSample>>")]
+    pub figures: Map<String, Value>,
+}
+
+/// One sample of a `figures` metric (schema only: built by `mcp::metrics`).
+#[derive(JsonSchema)]
+#[allow(dead_code)]
+pub struct FigureSample {
+    /// The sample's labels, e.g. `{"tool": "execute_code", "outcome": "ok"}`.
+    pub labels: BTreeMap<String, String>,
+    /// A counter's or gauge's value.
+    pub value: Option<i64>,
+    /// A histogram's observations.
+    pub count: Option<u64>,
+    /// A histogram's sum, in seconds.
+    pub sum: Option<f64>,
+    /// A histogram's cumulative counts by upper bound in seconds (`+Inf` is `count`).
+    pub buckets: Option<Vec<FigureBucket>>,
+}
+
+/// One histogram bucket of a [`FigureSample`].
+#[derive(JsonSchema)]
+#[allow(dead_code)]
+pub struct FigureBucket {
+    pub le: f64,
+    pub count: u64,
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -329,6 +357,7 @@ impl WasmboxServer {
                     .min(sandboxes.config.max_per_owner),
             },
             sandbox,
+            figures: crate::mcp::metrics::json(&self.wasmbox).await,
         }))
     }
 
