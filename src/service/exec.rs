@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use super::bash_unavailable;
 use crate::engine::limits::LimitHit;
 use crate::lang::{ExecRequest, ExecResult, Language};
@@ -209,7 +211,12 @@ impl Wasmbox {
                 cfg.queue_wait.as_secs_f64()
             ))
         };
-        let _live = match tokio::time::timeout(cfg.queue_wait, self.inner.live.acquire()).await {
+        // The wait for a live place and, on the guest thread, for a CPU slot; the run is the
+        // call's other child.
+        let queue = tracing::debug_span!("queue.guest");
+        let call = tracing::Span::current();
+        let live = tokio::time::timeout(cfg.queue_wait, self.inner.live.acquire());
+        let _live = match live.instrument(queue.clone()).await {
             Ok(Ok(permit)) => permit,
             Ok(Err(_)) => return Err(Error::busy("shutting down")),
             Err(_) => return Err(busy()),
@@ -222,12 +229,16 @@ impl Wasmbox {
         let r = self
             .inner
             .guests
-            .run(
-                move || match cpu.acquire(&owner, engine::cpu::Class::Foreground, wait) {
-                    Some(permit) => engine::cpu::CpuSlots::run_holding(permit, run),
+            .run(move || {
+                let slot =
+                    queue.in_scope(|| cpu.acquire(&owner, engine::cpu::Class::Foreground, wait));
+                drop(queue);
+                match slot {
+                    Some(permit) => tracing::debug_span!(parent: &call, "guest.run")
+                        .in_scope(|| engine::cpu::CpuSlots::run_holding(permit, run)),
                     None => Err(refused),
-                },
-            )
+                }
+            })
             .await;
         tracing::debug!("execute: on guest thread {:?}", t.elapsed());
         r

@@ -376,48 +376,60 @@ impl ServerHandler for WasmboxServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        tracing::debug!(tool = %request.name, "tool call");
-        // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it sees.
-        // Only a call with no HTTP request at all is stdio's (the local owner): an HTTP call that
-        // reached here unnamed is refused, never served with the local owner's sandboxes.
-        let owner = match context.extensions.get::<http::request::Parts>() {
-            None => return Ok(self.serve(request, context).await),
-            Some(parts) => parts.extensions.get::<Owner>().cloned(),
-        };
-        let Some(owner) = owner else {
-            tracing::error!(tool = %request.name, "HTTP tool call without an owner refused");
-            return Ok(ToolError::exception(
-                "Unauthenticated request",
-                "this HTTP request reached the tools with no authenticated owner (a bearer token); refused rather than served as the local owner",
-            )
-            .with("error_type", "AuthenticationError")
-            .into_result()
-            .into());
-        };
-        let Some(place) = owner.place(&context.ct).await else {
-            return Ok(ToolError::exception(
-                "Too many concurrent calls",
-                format!(
-                    "this token already has {} tool calls running and {} waiting (its limits; WASMBOX_TOKEN_CONCURRENCY and WASMBOX_TOKEN_QUEUE raise them): wait for one to finish",
-                    owner.max_calls, owner.max_waiting
-                ),
-            )
-            .with("error_type", "RateLimitError")
-            .into_result()
-            .into());
-        };
-        let Some(_place) = place else {
-            return Ok(ToolError::exception(
-                "Cancelled",
-                "the call was cancelled while it waited for a running place",
-            )
-            .with("error_type", "CancelledError")
-            .into_result()
-            .into());
-        };
-        let mut this = self.clone();
-        this.owner = owner.id.clone();
-        Ok(this.serve(request, context).await)
+        use tracing::Instrument;
+        let span = crate::telemetry::trace::call_span(
+            &request.name,
+            context.meta.get_traceparent(),
+            context.meta.get_tracestate(),
+        );
+        async move {
+            tracing::debug!(tool = %request.name, "tool call");
+            // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it
+            // sees. Only a call with no HTTP request at all is stdio's (the local owner): an HTTP
+            // call that reached here unnamed is refused, never served with the local owner's
+            // sandboxes.
+            let owner = match context.extensions.get::<http::request::Parts>() {
+                None => return Ok(self.serve(request, context).await),
+                Some(parts) => parts.extensions.get::<Owner>().cloned(),
+            };
+            let Some(owner) = owner else {
+                tracing::error!(tool = %request.name, "HTTP tool call without an owner refused");
+                return Ok(ToolError::exception(
+                    "Unauthenticated request",
+                    "this HTTP request reached the tools with no authenticated owner (a bearer token); refused rather than served as the local owner",
+                )
+                .with("error_type", "AuthenticationError")
+                .into_result()
+                .into());
+            };
+            let queued = owner.place(&context.ct);
+            let Some(place) = queued.instrument(tracing::debug_span!("queue.token")).await else {
+                return Ok(ToolError::exception(
+                    "Too many concurrent calls",
+                    format!(
+                        "this token already has {} tool calls running and {} waiting (its limits; WASMBOX_TOKEN_CONCURRENCY and WASMBOX_TOKEN_QUEUE raise them): wait for one to finish",
+                        owner.max_calls, owner.max_waiting
+                    ),
+                )
+                .with("error_type", "RateLimitError")
+                .into_result()
+                .into());
+            };
+            let Some(_place) = place else {
+                return Ok(ToolError::exception(
+                    "Cancelled",
+                    "the call was cancelled while it waited for a running place",
+                )
+                .with("error_type", "CancelledError")
+                .into_result()
+                .into());
+            };
+            let mut this = self.clone();
+            this.owner = owner.id.clone();
+            Ok(this.serve(request, context).await)
+        }
+        .instrument(span)
+        .await
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
