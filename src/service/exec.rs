@@ -259,6 +259,8 @@ impl Wasmbox {
     ) -> Result<()> {
         let cpu = self.inner.cpu.clone();
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
+        // The run stays in its call's trace, though it outlives the call.
+        let call = tracing::Span::current();
         std::thread::Builder::new()
             .name(name)
             .stack_size(engine::GUEST_THREAD_STACK)
@@ -279,8 +281,11 @@ impl Wasmbox {
                     Some(p) => engine::cpu::CpuSlots::run_holding(p, run),
                     None => run(),
                 };
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(go))
+                let run = tracing::debug_span!(parent: &call, "guest.run", background = true);
+                let r = run
+                    .in_scope(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(go)))
                     .unwrap_or_else(|_| Err(Error::wasm("the job panicked")));
+                drop(run);
                 // The place is free before the job shows as ended, so a client that saw it
                 // end can start the next one.
                 drop(ticket);
@@ -471,7 +476,8 @@ impl Wasmbox {
             }
         };
         let exec_id = id.clone();
-        tokio::spawn(async move {
+        // The run and its webhook stay in the call's trace.
+        tokio::spawn(Instrument::in_current_span(async move {
             let result = pending.await;
             let mut payload = match &result {
                 Ok(r) => serde_json::json!({
@@ -497,7 +503,7 @@ impl Wasmbox {
                 payload["truncated"] = serde_json::json!(true);
             }
             sandbox::webhook::deliver(&me.inner.http, url, &me.inner.webhook_key, payload).await;
-        });
+        }));
         Ok(id)
     }
 }

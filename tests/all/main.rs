@@ -34,4 +34,5 @@ mod sandboxes;
 mod security_escape;
 mod security_resources;
 mod setup;
+mod traces;
 mod waits;

@@ -224,7 +224,9 @@ impl WasmboxServer {
             let handle = tokio::runtime::Handle::current();
             // The call's cancel flag goes along: a tool's cloud path is cancelled with the call.
             let cancel = call_cancel().unwrap_or_default();
+            let span = tracing::Span::current();
             tokio::task::spawn_blocking(move || {
+                let _span = span.enter();
                 handle.block_on(
                     CALL_CANCEL.scope(
                         cancel,
@@ -554,7 +556,7 @@ impl WasmboxServer {
                     }
                     let message = q.message.clone();
                     let token = self.parked.park(crate::mcp::consent::Parked {
-                        run: tokio::spawn(run),
+                        run: tokio::spawn(tracing::Instrument::in_current_span(run)),
                         answer: q.answer,
                         questions: questions.take().expect("questions come from a receiver"),
                         cancel,
