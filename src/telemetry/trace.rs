@@ -67,18 +67,23 @@ pub fn init() -> Guard {
         "wasmbox=info"
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter(filter);
-    tracing_subscriber::registry()
-        .with(otel)
-        .with(stderr)
-        .init();
+    subscriber(otel, filter).init();
     if let Some(why) = problem {
         tracing::error!("traces are not exported: {why}");
     }
     Guard { provider }
+}
+
+/// The stderr log under `filter`, beside the OTLP layer when there is one.
+fn subscriber(
+    otel: Option<OtelLayer>,
+    filter: EnvFilter,
+) -> impl tracing::Subscriber + Send + Sync + 'static {
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(filter);
+    tracing_subscriber::registry().with(otel).with(stderr)
 }
 
 enum Asked {
@@ -229,5 +234,94 @@ impl Extractor for W3c<'_> {
 
     fn keys(&self) -> Vec<&str> {
         vec!["traceparent", "tracestate"]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::trace::SpanId;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+    use tracing::Subscriber;
+
+    use super::*;
+
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const PARENT: &str = "00f067aa0ba902b7";
+
+    #[derive(Clone, Debug, Default)]
+    struct Kept(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanExporter for Kept {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            self.0.lock().unwrap().extend(batch);
+            Ok(())
+        }
+    }
+
+    fn info() -> EnvFilter {
+        EnvFilter::new("wasmbox=info")
+    }
+
+    /// With OTLP off and the default filter, the spans are below the process's level: their
+    /// macros return at the level check, before any callsite or field is looked at.
+    #[test]
+    fn without_otlp_the_spans_are_filtered_by_level() {
+        let sub = subscriber(None, info());
+        assert_eq!(sub.max_level_hint(), Some(LevelFilter::INFO));
+        tracing::subscriber::with_default(sub, || {
+            let tp = format!("00-{TRACE}-{PARENT}-01");
+            let span = call_span("execute_code", Some(&tp), None);
+            assert!(span.is_disabled());
+            assert_eq!(trace_id(&span), None);
+        });
+    }
+
+    #[test]
+    fn a_call_joins_the_traceparent_and_only_wasmbox_spans_are_exported() {
+        let kept = Kept::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(kept.clone())
+            .build();
+        let sub = subscriber(Some(layer(&provider)), info());
+        assert_eq!(sub.max_level_hint(), Some(LevelFilter::DEBUG));
+        let (joined, fresh) = tracing::subscriber::with_default(sub, || {
+            let tp = format!("00-{TRACE}-{PARENT}-01");
+            let call = call_span("execute_code", Some(&tp), Some("k=v"));
+            let joined = trace_id(&call);
+            call.in_scope(|| {
+                tracing::debug_span!("guest.run").in_scope(|| {
+                    tracing::debug_span!(target: "rmcp::service", "serve_inner").in_scope(|| {});
+                    tracing::info!("a note on the run");
+                });
+            });
+            drop(call);
+            let fresh = call_span("execute_code", None, None);
+            let id = trace_id(&fresh);
+            drop(fresh);
+            let bad = call_span("execute_code", Some("00-zz-yy-01"), None);
+            (joined, (id, trace_id(&bad)))
+        });
+        provider.shutdown().unwrap();
+        assert_eq!(joined.as_deref(), Some(TRACE));
+        let spans = kept.0.lock().unwrap().clone();
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
+        assert_eq!(names, ["guest.run", "call", "call", "call"], "{spans:#?}");
+        let (run, call) = (&spans[0], &spans[1]);
+        assert_eq!(call.span_context.trace_id().to_string(), TRACE);
+        assert_eq!(call.parent_span_id, SpanId::from_hex(PARENT).unwrap());
+        assert!(call.parent_span_is_remote);
+        assert_eq!(run.parent_span_id, call.span_context.span_id());
+        assert_eq!(run.events.len(), 1, "the info event rides on its span");
+        // Without a traceparent, or with a malformed one: a root of a new trace.
+        let (fresh, bad) = fresh;
+        for (s, id) in [(&spans[2], fresh), (&spans[3], bad)] {
+            assert_eq!(s.parent_span_id, SpanId::INVALID);
+            let id = id.expect("an exported span has a trace id");
+            assert_eq!(s.span_context.trace_id().to_string(), id);
+            assert_ne!(id, TRACE);
+        }
     }
 }
