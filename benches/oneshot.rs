@@ -690,9 +690,8 @@ fn audit(c: &mut Criterion) {
         }
         print_quantiles(&format!("audit_on{rhythm}"), &mut each_on);
         print_quantiles(&format!("audit_off{rhythm}"), &mut each_off);
-        let timed = |client, n: u64| {
-            each_after_idle(&py, n, idle, &mut Vec::new(), || oneshot(client))
-        };
+        let timed =
+            |client, n: u64| each_after_idle(&py, n, idle, &mut Vec::new(), || oneshot(client));
         g.bench_function(format!("oneshot_on{rhythm}"), |b| {
             b.iter_custom(|n| timed(&on, n))
         });

@@ -25,7 +25,8 @@ fn main() -> ExitCode {
         }
     }
     let cli = cli::Cli::parse();
-    cli::log_to_stderr();
+    // Logs to stderr (stdout is the MCP protocol's in `serve`), spans over OTLP when asked.
+    let telemetry = wasmbox::telemetry::trace::init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -34,6 +35,8 @@ fn main() -> ExitCode {
     // Not a plain drop: that would wait for blocking tasks, such as the stdin reader (stdin not
     // a pipe) of a server told to stop by SIGTERM while its client is still connected.
     runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    // The spans of the last calls are still queued for the exporter.
+    telemetry.shutdown();
     match outcome {
         Ok(code) => code,
         Err(e) => {

@@ -138,18 +138,3 @@ fn lend_folders(
     wasmbox::lang::mounts::set_server_layout(layout).map_err(anyhow::Error::msg)?;
     Ok(token_mounts)
 }
-
-/// Logs go to stderr (stdout is the MCP protocol's in `serve`), at `RUST_LOG`'s level or info.
-pub fn log_to_stderr() {
-    // info shows the one-time compile progress; nothing else logs at info outside `serve`.
-    let default_level = "info";
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new(format!("wasmbox={default_level}"))
-            }),
-        )
-        .init();
-}

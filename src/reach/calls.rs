@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use super::Reach;
 use super::http::{self, Failure};
@@ -155,15 +156,34 @@ impl HostCalls {
             note_http(&reach, host, Err(&f));
             return Started::Now(super::secrets::scrub(&reach.config.secrets, failure(&f)));
         }
+        // A child of the guest's run (current on this thread), carried to the reach runtime.
+        let span = tracing::debug_span!(
+            "reach.http",
+            otel.kind = "client",
+            http.request.method = %req.method,
+            server.address = tracing::field::Empty,
+            server.port = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        if !span.is_disabled()
+            && let Some(url) = &url
+        {
+            // The host and port only: a path or query may carry what the guest was lent.
+            let (host, port) = super::secrets::host_port(url);
+            span.record("server.address", host);
+            span.record("server.port", port);
+        }
         let (tx, rx) = mpsc::sync_channel(1);
-        let task = runtime().spawn(async move {
+        let traced = span.clone();
+        let work = async move {
             let secrets = &reach.config.secrets;
             let fetched = http::fetch(&reach, req, body).await;
-            note_http(
-                &reach,
-                host,
-                fetched.as_ref().map(|(head, _)| head.status),
-            );
+            note_http(&reach, host, fetched.as_ref().map(|(head, _)| head.status));
+            match &fetched {
+                Ok((head, _)) => traced.record("http.response.status_code", head.status),
+                Err(f) => traced.record("error.type", f.kind),
+            };
             let answer = match fetched {
                 Ok((head, body)) => answer(&head, &body),
                 // Scrubbed before it is cut (a value cut in two would not be found whole).
@@ -178,7 +198,8 @@ impl HostCalls {
             };
             let answer = super::secrets::scrub(&reach.config.secrets, answer);
             let _ = tx.send(answer);
-        });
+        };
+        let task = runtime().spawn(work.instrument(span));
         Started::Later(Pending {
             rx,
             task: task.abort_handle(),
@@ -246,9 +267,20 @@ impl HostCalls {
         }
         self.calls_left -= 1;
         self.bytes_left -= frame.len();
+        let span = tracing::debug_span!(
+            "reach.tool",
+            otel.kind = "client",
+            op = if call.is_some() { "call" } else { "list" },
+            tool = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        if let Some((tool, _)) = &call {
+            span.record("tool", tool.as_str());
+        }
         let (tx, rx) = mpsc::sync_channel(1);
         let answer_id = id.clone();
-        let task = runtime().spawn(async move {
+        let traced = span.clone();
+        let work = async move {
             let answer = match call {
                 None => {
                     let (list, _) = tools.list().await;
@@ -259,12 +291,16 @@ impl HostCalls {
                     note_tool(&reach, &tool, called.as_ref().err().map(|f| f.kind));
                     match called {
                         Ok(value) => tool_answer(&answer_id, json!({ "value": value })),
-                        Err(f) => tool_failure(&answer_id, f.kind, &f.message),
+                        Err(f) => {
+                            traced.record("error.type", f.kind);
+                            tool_failure(&answer_id, f.kind, &f.message)
+                        }
                     }
                 }
             };
             let _ = tx.send(super::secrets::scrub(&reach.config.secrets, answer));
-        });
+        };
+        let task = runtime().spawn(work.instrument(span));
         Started::Later(Pending {
             rx,
             task: task.abort_handle(),

@@ -359,7 +359,13 @@ impl Slot {
         if *saved && let Ok(m) = std::fs::metadata(path) {
             return Ok(m.len());
         }
-        let s = save(rt, session, path, gate)?;
+        let span = tracing::debug_span!(
+            "session.save",
+            language = rt.language().name(),
+            bytes = tracing::field::Empty
+        );
+        let s = span.in_scope(|| save(rt, session, path, gate))?;
+        span.record("bytes", s.bytes);
         *saved = true;
         if std::mem::take(marked) {
             let _ = std::fs::remove_file(lost_marker(path));

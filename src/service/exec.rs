@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use super::bash_unavailable;
 use crate::engine::limits::LimitHit;
 use crate::lang::{ExecRequest, ExecResult, Language};
@@ -115,9 +117,11 @@ impl Wasmbox {
             .owner
             .unwrap_or_else(|| engine::cpu::LOCAL_OWNER.into());
         let local = *owner == *engine::cpu::LOCAL_OWNER;
-        let reach = self
-            .reach_for(opts.allow_hosts.as_deref())?
-            .for_caller(local, opts.consent, opts.host_log);
+        let reach = self.reach_for(opts.allow_hosts.as_deref())?.for_caller(
+            local,
+            opts.consent,
+            opts.host_log,
+        );
         Ok(ExecRequest {
             language,
             code: opts.code,
@@ -225,13 +229,18 @@ impl Wasmbox {
                 cfg.queue_wait.as_secs_f64()
             ))
         };
+        // The wait for a live place and, on the guest thread, for a CPU slot; the run is the
+        // call's other child.
+        let queue = tracing::debug_span!("queue.guest");
+        let call = tracing::Span::current();
         let _live = match self.inner.live.try_acquire() {
             Ok(permit) => permit,
             Err(_) => {
                 // Only a call that has to wait is counted in the queue (until it leaves it, by
                 // a permit, a timeout or its caller dropping it).
                 let _in_line = InLine::enter(&self.inner.guest_queue);
-                match tokio::time::timeout(cfg.queue_wait, self.inner.live.acquire()).await {
+                let live = tokio::time::timeout(cfg.queue_wait, self.inner.live.acquire());
+                match live.instrument(queue.clone()).await {
                     Ok(Ok(permit)) => permit,
                     Ok(Err(_)) => return Err(Error::busy("shutting down")),
                     Err(_) => return Err(busy()),
@@ -246,12 +255,16 @@ impl Wasmbox {
         let r = self
             .inner
             .guests
-            .run(
-                move || match cpu.acquire(&owner, engine::cpu::Class::Foreground, wait) {
-                    Some(permit) => engine::cpu::CpuSlots::run_holding(permit, run),
+            .run(move || {
+                let slot =
+                    queue.in_scope(|| cpu.acquire(&owner, engine::cpu::Class::Foreground, wait));
+                drop(queue);
+                match slot {
+                    Some(permit) => tracing::debug_span!(parent: &call, "guest.run")
+                        .in_scope(|| engine::cpu::CpuSlots::run_holding(permit, run)),
                     None => Err(refused),
-                },
-            )
+                }
+            })
             .await;
         tracing::debug!("execute: on guest thread {:?}", t.elapsed());
         r
@@ -272,6 +285,8 @@ impl Wasmbox {
     ) -> Result<()> {
         let cpu = self.inner.cpu.clone();
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
+        // The run stays in its call's trace, though it outlives the call.
+        let call = tracing::Span::current();
         std::thread::Builder::new()
             .name(name)
             .stack_size(engine::GUEST_THREAD_STACK)
@@ -292,8 +307,11 @@ impl Wasmbox {
                     Some(p) => engine::cpu::CpuSlots::run_holding(p, run),
                     None => run(),
                 };
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(go))
+                let run = tracing::debug_span!(parent: &call, "guest.run", background = true);
+                let r = run
+                    .in_scope(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(go)))
                     .unwrap_or_else(|_| Err(Error::wasm("the job panicked")));
+                drop(run);
                 // The place is free before the job shows as ended, so a client that saw it
                 // end can start the next one.
                 drop(ticket);
@@ -500,7 +518,8 @@ impl Wasmbox {
             }
         };
         let exec_id = id.clone();
-        tokio::spawn(async move {
+        // The run and its webhook stay in the call's trace.
+        tokio::spawn(Instrument::in_current_span(async move {
             let result = pending.await;
             let mut payload = match &result {
                 Ok(r) => serde_json::json!({
@@ -526,7 +545,7 @@ impl Wasmbox {
                 payload["truncated"] = serde_json::json!(true);
             }
             sandbox::webhook::deliver(&me.inner.http, url, &me.inner.webhook_key, payload).await;
-        });
+        }));
         Ok(id)
     }
 }

@@ -123,7 +123,8 @@ impl HostLog {
 
 /// Whether calls are being logged: the front builds a [`Call`] only then.
 pub fn enabled() -> bool {
-    LOG.get().is_some_and(|l| !l.closing.load(Ordering::Relaxed))
+    LOG.get()
+        .is_some_and(|l| !l.closing.load(Ordering::Relaxed))
 }
 
 /// Starts the writer for this process (once; a second start is refused).
@@ -436,23 +437,31 @@ mod tests {
                 let mut line = vec![b'x'; len];
                 *line.last_mut().unwrap() = b'\n';
                 w.write_line(&line).unwrap();
-                if next(&mut s) % 7 == 0 {
+                if next(&mut s).is_multiple_of(7) {
                     w.flush().unwrap();
                 }
-                if next(&mut s) % 50 == 0 {
+                if next(&mut s).is_multiple_of(50) {
                     // A restart: a new writer on the same file.
                     w.flush().unwrap();
                     w = Writer::open(path.clone(), cap).unwrap();
                 }
                 if i % 5 == 0 {
                     w.flush().unwrap();
-                    assert_eq!(w.size, std::fs::metadata(&path).unwrap().len(), "seed {seed}");
+                    assert_eq!(
+                        w.size,
+                        std::fs::metadata(&path).unwrap().len(),
+                        "seed {seed}"
+                    );
                 }
             }
             w.flush().unwrap();
             assert_eq!(w.size, std::fs::metadata(&path).unwrap().len());
             let present: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-            assert!(present.len() <= KEEP, "seed {seed}: {} files", present.len());
+            assert!(
+                present.len() <= KEEP,
+                "seed {seed}: {} files",
+                present.len()
+            );
             for f in files(&path).iter().filter(|f| f.exists()) {
                 let bytes = std::fs::read(f).unwrap();
                 let lines = bytes.split_inclusive(|b| *b == b'\n').count();

@@ -73,7 +73,12 @@ async fn every_call_leaves_a_line_without_secrets() {
     );
     let v = ok(&c, "execute_code", json!({"code": fetch})).await;
     assert_eq!(v["stdout"], "out-marker 200\n", "{v}");
-    let v = ok(&c, "execute_code", json!({"code": "import sys; sys.exit(3)"})).await;
+    let v = ok(
+        &c,
+        "execute_code",
+        json!({"code": "import sys; sys.exit(3)"}),
+    )
+    .await;
     assert_eq!(v["exit_code"], 3, "{v}");
     let v = ok(
         &c,
@@ -82,7 +87,12 @@ async fn every_call_leaves_a_line_without_secrets() {
     )
     .await;
     assert_eq!(v["limit"], "timeout", "{v}");
-    err(&c, "execute_code", json!({"code": "x", "language": "cobol"})).await;
+    err(
+        &c,
+        "execute_code",
+        json!({"code": "x", "language": "cobol"}),
+    )
+    .await;
     let r = call(&c, "no_such_tool", json!({})).await;
     assert!(is_error(&r));
     let js = "console.log(1)";
@@ -113,7 +123,10 @@ async fn every_call_leaves_a_line_without_secrets() {
     assert_eq!(fetched["bytes_out"], "out-marker 200\n".len());
     assert_eq!(fetched["code_sha256"], sha256(&fetch));
     let head = fetched["code_head"].as_str().unwrap();
-    assert!(head.starts_with("import os, urllib.request\n# pasted by mistake: "), "{head}");
+    assert!(
+        head.starts_with("import os, urllib.request\n# pasted by mistake: "),
+        "{head}"
+    );
     assert_eq!(
         fetched["host_calls"],
         json!([{"kind": "http", "host": format!("127.0.0.1:{}", a.port()), "status": 200, "outcome": "ok"}]),
@@ -131,9 +144,18 @@ async fn every_call_leaves_a_line_without_secrets() {
     assert_eq!(javascript["code_head"], js);
 
     let text = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
-    assert!(!text.contains(VALUE), "the secret's value is in the log:\n{text}");
-    assert!(!text.contains(HOST_CANARY.1), "the host's environment is in the log");
-    assert!(!text.contains("out-marker"), "the code's output is in the log");
+    assert!(
+        !text.contains(VALUE),
+        "the secret's value is in the log:\n{text}"
+    );
+    assert!(
+        !text.contains(HOST_CANARY.1),
+        "the host's environment is in the log"
+    );
+    assert!(
+        !text.contains("out-marker"),
+        "the code's output is in the log"
+    );
     assert!(!text.contains("/auth"), "a request's path is in the log");
     c.cancel().await.unwrap();
 

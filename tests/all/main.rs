@@ -36,4 +36,5 @@ mod sandboxes;
 mod security_escape;
 mod security_resources;
 mod setup;
+mod traces;
 mod waits;

@@ -226,7 +226,9 @@ impl WasmboxServer {
             let handle = tokio::runtime::Handle::current();
             // The call's cancel flag goes along: a tool's cloud path is cancelled with the call.
             let cancel = call_cancel().unwrap_or_default();
+            let span = tracing::Span::current();
             tokio::task::spawn_blocking(move || {
+                let _span = span.enter();
                 handle.block_on(
                     CALL_CANCEL.scope(
                         cancel,
@@ -450,6 +452,7 @@ impl WasmboxServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> CallToolResponse {
+        use tracing::Instrument;
         let owner = match owner {
             Some(None) => return self.serve(request, context).await,
             Some(Some(owner)) => owner,
@@ -464,7 +467,8 @@ impl WasmboxServer {
                 .into();
             }
         };
-        let Some(place) = owner.place(&context.ct).await else {
+        let queued = owner.place(&context.ct);
+        let Some(place) = queued.instrument(tracing::debug_span!("queue.token")).await else {
             return ToolError::exception(
                 "Too many concurrent calls",
                 format!(
@@ -574,7 +578,7 @@ impl WasmboxServer {
                     }
                     let message = q.message.clone();
                     let token = self.parked.park(crate::mcp::consent::Parked {
-                        run: tokio::spawn(run),
+                        run: tokio::spawn(tracing::Instrument::in_current_span(run)),
                         answer: q.answer,
                         questions: questions.take().expect("questions come from a receiver"),
                         cancel,

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
+use rmcp::RoleServer;
 use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult};
 use rmcp::service::RequestContext;
-use rmcp::RoleServer;
 use serde_json::Value;
 
 use crate::telemetry::audit::{self, HostLog};
@@ -26,6 +26,8 @@ pub(super) fn call_host_log() -> Option<Arc<HostLog>> {
 /// A tool call being watched, from its arrival to its answer.
 pub(super) struct Observed {
     started: Instant,
+    /// The call's span: the client's trace's child when its `_meta` carries a `traceparent`.
+    span: tracing::Span,
     /// The audit line's facts, gathered only while the log is on.
     line: Option<audit::Call>,
     host_log: Option<Arc<HostLog>>,
@@ -35,9 +37,15 @@ impl Observed {
     /// Starts watching `request`. With the audit log off this reads the clock and nothing else.
     pub fn begin(request: &CallToolRequestParams, context: &RequestContext<RoleServer>) -> Self {
         let started = Instant::now();
+        let span = crate::telemetry::trace::call_span(
+            &request.name,
+            context.meta.get_traceparent(),
+            context.meta.get_tracestate(),
+        );
         if !audit::enabled() {
             return Self {
                 started,
+                span,
                 line: None,
                 host_log: None,
             };
@@ -60,17 +68,21 @@ impl Observed {
             mode: short("mode"),
             code: arg("code").or_else(|| arg("command")).map(str::to_string),
             host_calls: Some(host_log.clone()),
+            trace_id: crate::telemetry::trace::trace_id(&span),
             ..Default::default()
         };
         Self {
             started,
+            span,
             line: Some(line),
             host_log: Some(host_log),
         }
     }
 
-    /// Runs `call` with this call's host-call notes in scope.
+    /// Runs `call` in this call's span, with its host-call notes in scope.
     pub async fn scope<F: std::future::Future>(&self, call: F) -> F::Output {
+        use tracing::Instrument;
+        let call = call.instrument(self.span.clone());
         match &self.host_log {
             Some(log) => HOST_LOG.scope(log.clone(), call).await,
             None => call.await,
@@ -88,6 +100,12 @@ impl Observed {
     ) {
         let facts = Facts::of(answer);
         crate::telemetry::metrics::call(tool, facts.status);
+        if !self.span.is_disabled() {
+            self.span.record("outcome", facts.status);
+            if !matches!(facts.status, "ok" | "failed" | "limit") {
+                self.span.record("otel.status_code", "ERROR");
+            }
+        }
         let Some(mut line) = self.line else { return };
         line.duration = self.started.elapsed();
         line.owner = owner;
