@@ -11,7 +11,7 @@ use rmcp::model::{GetPromptRequestParams, Tool};
 use serde_json::{Value, json};
 
 /// `v` against the parts of JSON Schema the output schemas use: `type` (one or several),
-/// `required`, `properties`, `items`, `$ref` into `$defs`, `anyOf`/`oneOf`.
+/// `required`, `properties`, `additionalProperties`, `items`, `$ref` into `$defs`, `anyOf`/`oneOf`.
 fn check(schema: &Value, root: &Value, v: &Value, at: &str) -> Result<(), String> {
     if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
         let name = r.rsplit('/').next().unwrap_or_default();
@@ -63,6 +63,19 @@ fn check(schema: &Value, root: &Value, v: &Value, at: &str) -> Result<(), String
             if let Some(x) = obj.get(k) {
                 check(s, root, x, &format!("{at}.{k}"))?;
             }
+        }
+    }
+    // A map's values (`get_system_metrics`' figures: name -> samples).
+    if let (Some(extra), Some(obj)) = (
+        schema.get("additionalProperties").filter(|s| s.is_object()),
+        v.as_object(),
+    ) {
+        let props = schema.get("properties").and_then(Value::as_object);
+        for (k, x) in obj
+            .iter()
+            .filter(|(k, _)| props.is_none_or(|p| !p.contains_key(*k)))
+        {
+            check(extra, root, x, &format!("{at}.{k}"))?;
         }
     }
     if let (Some(items), Some(arr)) = (schema.get("items"), v.as_array()) {

@@ -139,13 +139,17 @@ pub struct Metrics {
 pub struct FigureSample {
     /// The sample's labels, e.g. `{"tool": "execute_code", "outcome": "ok"}`.
     pub labels: BTreeMap<String, String>,
-    /// A counter's or gauge's value.
+    /// A counter's or gauge's value (absent from a histogram's sample).
+    #[serde(default)]
     pub value: Option<i64>,
     /// A histogram's observations.
+    #[serde(default)]
     pub count: Option<u64>,
     /// A histogram's sum, in seconds.
+    #[serde(default)]
     pub sum: Option<f64>,
     /// A histogram's cumulative counts by upper bound in seconds (`+Inf` is `count`).
+    #[serde(default)]
     pub buckets: Option<Vec<FigureBucket>>,
 }
 
