@@ -140,16 +140,16 @@ pub struct FigureSample {
     /// The sample's labels, e.g. `{"tool": "execute_code", "outcome": "ok"}`.
     pub labels: BTreeMap<String, String>,
     /// A counter's or gauge's value (absent from a histogram's sample).
-    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<i64>,
     /// A histogram's observations.
-    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
     /// A histogram's sum, in seconds.
-    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub sum: Option<f64>,
     /// A histogram's cumulative counts by upper bound in seconds (`+Inf` is `count`).
-    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub buckets: Option<Vec<FigureBucket>>,
 }
 
