@@ -359,8 +359,9 @@ impl<F: Flavour> ImageRuntime<F> {
     }
 
     /// Once the reply is out, resets a spent pooled instance and puts it back in the pool (its
-    /// replacement, so no refill is woken); one that cannot be reset, or finds the pool full,
-    /// is dropped and a refill woken.
+    /// replacement, so no refill is woken). One that cannot be reset is dropped and a refill
+    /// woken; one that finds the pool full (it ran beside a call that missed) is only dropped:
+    /// a wake arriving after the next call took the pooled instance would make a needless one.
     fn recycle_later(&self, mut guest: Guest, instance: Instance) {
         let (shared, pool, recycler) = (
             self.shared.clone(),
@@ -375,13 +376,12 @@ impl<F: Flavour> ImageRuntime<F> {
                 .recycle(&shared, &mut guest, &instance)
                 .inspect_err(|e| tracing::debug!("a spent instance is not reset: {e}"))
                 .unwrap_or(false);
-            let back = match reused {
-                true => pool.put(Ready { guest, instance }).err(),
-                false => Some(Ready { guest, instance }),
-            };
-            if let Some(spent) = back {
-                drop(spent);
-                pool.wake();
+            match reused {
+                true => drop(pool.put(Ready { guest, instance })),
+                false => {
+                    drop(Ready { guest, instance });
+                    pool.wake();
+                }
             }
         });
     }
