@@ -190,12 +190,14 @@ async fn a_refused_call_is_logged_under_the_tokens_hash() {
     )
     .await;
     let c = server.client(TOKEN).await.unwrap();
+    // It computes (a sleeping guest gives its CPU slot back), so it is seen at work: a fixed
+    // wait can pass before a loaded machine has started it.
     let slow = spawn_call(
         &c,
         "execute_code",
-        json!({"code": "import time; time.sleep(2); print('done')"}),
+        json!({"code": "import time\nt = time.time()\nwhile time.time() - t < 3: pass\nprint('done')"}),
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    wait_metric(&server, TOKEN, BUSY, 1.0).await;
     let e = err(&c, "execute_code", json!({"code": "print(9)"})).await;
     assert_eq!(e["error_type"], "RateLimitError", "{e}");
     assert!(!is_error(&slow.await.unwrap().unwrap()));

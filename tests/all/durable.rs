@@ -161,9 +161,9 @@ async fn a_call_running_at_shutdown_leaves_its_session_as_of_the_turn_before() {
         &c,
         "execute_code",
         json!({"sandbox_id": id, "mode": "persistent",
-               "code": "x = 'changed by the cut-off call'\nimport time; time.sleep(30)"}),
+               "code": "x = 'changed by the cut-off call'\nopen('/workspace/busy','w').write('1')\nimport time; time.sleep(30)"}),
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    common::wait_written(&c, &id, "/workspace/busy").await;
     stop_server(pid, libc::SIGTERM).await;
     let _ = busy.await;
 
@@ -189,10 +189,12 @@ async fn a_killed_server_leaves_the_turn_before_a_running_call_or_says_what_was_
             &c,
             "execute_code",
             json!({"sandbox_id": id, "mode": "persistent",
-                   "code": "x = 'in the call'\nimport time; time.sleep(30)"}),
+                   "code": "x = 'in the call'\nopen('/workspace/busy','w').write('1')\nimport time; time.sleep(30)"}),
         ));
     }
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    for id in [&saved, &unsaved] {
+        common::wait_written(&c, id, "/workspace/busy").await;
+    }
     // Nothing is saved on the way out.
     stop_server(pid, libc::SIGKILL).await;
     for b in busy {
@@ -218,9 +220,10 @@ async fn a_call_running_at_shutdown_ends_its_session_and_the_next_server_says_so
     let busy = common::spawn_call(
         &c,
         "execute_code",
-        json!({"sandbox_id": id, "mode": "persistent", "code": "import time; time.sleep(30)"}),
+        json!({"sandbox_id": id, "mode": "persistent",
+               "code": "open('/workspace/busy','w').write('1')\nimport time; time.sleep(30)"}),
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    common::wait_written(&c, &id, "/workspace/busy").await;
     stop_server(pid, libc::SIGTERM).await;
     let _ = busy.await;
 

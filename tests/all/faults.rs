@@ -143,9 +143,14 @@ async fn sigterm_during_work_loses_no_files() {
     let busy = spawn_call(
         &c,
         "execute_code",
-        json!({"sandbox_id": id, "mode": "persistent", "code": "import time; time.sleep(30)"}),
+        json!({"sandbox_id": id, "mode": "persistent",
+               "code": "open('/workspace/busy','w').write('1')\nimport time; time.sleep(30)"}),
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Both at work before the signal: a session still idle then would be saved at exit, and a
+    // job not yet started would have written nothing (a fixed wait is too short under load).
+    for path in ["/workspace/tick", "/workspace/busy"] {
+        common::wait_written(&c, &id, path).await;
+    }
     // SAFETY: sending SIGTERM to the child server we started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
     wait_gone(pid).await;

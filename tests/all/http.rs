@@ -158,11 +158,11 @@ async fn per_token_limits_on_sandboxes_and_concurrent_calls() {
     let slow = common::spawn_call(
         &alice,
         "execute_code",
-        json!({"code": "import time; time.sleep(3); print('done')"}),
+        json!({"code": "import time\nt = time.time()\nwhile time.time() - t < 3: pass\nprint('done')"}),
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    common::wait_metric(&server, A, common::BUSY, 1.0).await;
     let second = common::spawn_call(&alice, "execute_code", json!({"code": "print(1)"}));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::wait_metric(&server, A, common::TOKEN_QUEUE, 1.0).await;
     let r = call(&alice, "execute_code", json!({"code": "print(9)"})).await;
     assert!(is_error(&r), "third concurrent call: {:?}", r.content);
     let e = object(&r);

@@ -384,6 +384,11 @@ async fn a_recycled_instance_shows_nothing_of_its_last_guest() {
         let r = py(&c, draw).await;
         assert_eq!(r["exit_code"], 0, "{r}");
         draws.push(r["stdout"].as_str().unwrap().to_string());
+        // Each step waits for its instance: a call arriving while it is reset or polished
+        // misses and runs in a new one, and the spare this leaves, dropped later, wakes the
+        // refill to make another while the next step holds the pooled one, whose reset is then
+        // refused (the pool is full) and never counted.
+        recycled = recycled_at_least(&c, "python", recycled + 1).await;
         // A trap mid-turn (the deadline) leaves the interpreter anywhere: reset all the same.
         let r = call(
             &c,

@@ -150,6 +150,56 @@ pub async fn server_with_pid(env: &[(&str, &str)]) -> (Client, u32) {
     (client, pid)
 }
 
+/// The `/metrics` sample a foreground guest computing shows in (a sleeping guest gives its CPU
+/// slot back), and the one of HTTP calls waiting in their token's queue.
+pub const BUSY: &str = "wasmbox_cpu_slots_busy{class=\"foreground\"}";
+pub const TOKEN_QUEUE: &str = "wasmbox_queue_length{queue=\"token\"}";
+
+/// Waits until `server`'s `/metrics` shows `sample` at `least` or more: how a test knows a
+/// call it started is at work or waiting (a fixed wait can pass before a loaded machine has
+/// started it).
+pub async fn wait_metric(server: &HttpServer, token: &str, sample: &str, least: f64) {
+    let url = server.url.replace("/mcp", "/metrics");
+    let mut last = None;
+    for _ in 0..600 {
+        let text = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        last = text
+            .lines()
+            .find_map(|l| l.strip_prefix(sample)?.trim().parse::<f64>().ok());
+        if last.is_some_and(|v| v >= least) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{sample} never reached {least} (last {last:?})");
+}
+
+/// Waits until guest code has written `path` in sandbox `id`: how a test knows a call it
+/// started is at work (a fixed wait can pass before a loaded machine has started it).
+pub async fn wait_written(c: &Client, id: &str, path: &str) {
+    for _ in 0..600 {
+        let v = ok(
+            c,
+            "file_exists",
+            serde_json::json!({"sandbox_id": id, "path": path}),
+        )
+        .await;
+        if v["exists"] == true {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{path} was never written in {id}");
+}
+
 /// Starts a tool call and returns at once: the call stays in flight (for tests that drop the
 /// client, signal the server or call again meanwhile).
 pub fn spawn_call(
