@@ -259,6 +259,7 @@ impl Probe {
             owner: "probe".into(),
             reach: None,
             packages: Vec::new(),
+            audit: None,
         };
         let spec = GuestSpec {
             argv: &["probe"],

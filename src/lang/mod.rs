@@ -106,6 +106,9 @@ pub struct ExecRequest {
     /// Installed packages' trees (guest paths) a Python run has on `sys.path`, after the
     /// bundled ones.
     pub packages: Vec<String>,
+    /// The tool call this run belongs to, when the audit log is on: a background run writes
+    /// its own line there when it ends.
+    pub audit: Option<Arc<crate::telemetry::audit::Origin>>,
 }
 
 /// Where a sandboxed execution runs: its sandbox's `/workspace` and `/tmp` (host directories

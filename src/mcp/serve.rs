@@ -28,6 +28,7 @@ pub async fn serve_stdio(wasmbox: Wasmbox) -> anyhow::Result<()> {
         }
     };
     keeper.save_all(SAVE_AT_EXIT).await;
+    keeper.end_runs_at_exit();
     crate::telemetry::audit::close();
     ended?;
     Ok(())

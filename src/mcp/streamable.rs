@@ -146,6 +146,7 @@ pub async fn serve_http(wasmbox: Wasmbox, opts: HttpOptions) -> anyhow::Result<(
         } => {}
     }
     keeper.save_all(super::serve::SAVE_AT_EXIT).await;
+    keeper.end_runs_at_exit();
     crate::telemetry::audit::close();
     Ok(())
 }

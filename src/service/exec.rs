@@ -14,7 +14,7 @@ use crate::engine::limits::LimitHit;
 use crate::lang::{ExecRequest, ExecResult, Language};
 use crate::sandbox::Sandbox;
 use crate::sandbox::jobs::Job;
-use crate::telemetry::metrics;
+use crate::telemetry::{audit, metrics};
 use crate::{Error, Result, Wasmbox, cloud, config, engine, fit, lang, sandbox};
 
 /// What a caller asks for, before validation (the shape of the MCP tools' arguments).
@@ -39,8 +39,8 @@ pub struct ExecOptions {
     pub allow_hosts: Option<Vec<String>>,
     /// Who to ask before the run's code calls a destructive tool of the person's MCP servers.
     pub consent: Option<Arc<dyn crate::reach::tools::Consent>>,
-    /// Where the run's host calls are noted for the call's audit line.
-    pub host_log: Option<Arc<crate::telemetry::audit::HostLog>>,
+    /// The tool call, as the audit log names it: the run notes its host calls there.
+    pub audit: Option<Arc<audit::Origin>>,
 }
 
 /// Where a one-shot goes and what it needs first, beside its run's [`ExecOptions`].
@@ -120,7 +120,7 @@ impl Wasmbox {
         let reach = self.reach_for(opts.allow_hosts.as_deref())?.for_caller(
             local,
             opts.consent,
-            opts.host_log,
+            opts.audit.as_ref().map(|o| o.host_calls.clone()),
         );
         Ok(ExecRequest {
             language,
@@ -138,6 +138,7 @@ impl Wasmbox {
             owner,
             reach: Some(reach),
             packages: Vec::new(),
+            audit: opts.audit,
         })
     }
 
@@ -274,6 +275,7 @@ impl Wasmbox {
     /// hold a guest thread): it computes only in the slots background work may take, waits for
     /// one until `stop` is raised (the guest then stops itself at once), and keeps its place
     /// in the job budget until it ends.
+    #[allow(clippy::too_many_arguments)]
     fn spawn_background(
         &self,
         owner: engine::cpu::Owner,
@@ -281,10 +283,14 @@ impl Wasmbox {
         run: Run,
         stop: Arc<engine::limits::Stop>,
         ticket: sandbox::jobs::JobTicket,
+        end: Option<RunEnd>,
         done: impl FnOnce(Result<ExecResult>) + Send + 'static,
     ) -> Result<()> {
         let cpu = self.inner.cpu.clone();
         self.inner.executions.fetch_add(1, Ordering::Relaxed);
+        let ends = self.inner.run_ends.clone();
+        let held = end.map(|e| ends.hold(e));
+        let (end, run_ends) = (held.clone(), ends.clone());
         // The run stays in its call's trace, though it outlives the call.
         let call = tracing::Span::current();
         std::thread::Builder::new()
@@ -315,10 +321,19 @@ impl Wasmbox {
                 // The place is free before the job shows as ended, so a client that saw it
                 // end can start the next one.
                 drop(ticket);
+                if let Some(end) = end.and_then(|id| run_ends.take(&id)) {
+                    end.record(stop.reason(), r.as_ref().ok());
+                }
                 done(r);
             })
             .map(drop)
-            .map_err(|e| Error::busy(format!("starting a job thread: {e}")))
+            .map_err(|e| {
+                // Never started: its call's answer is the error, and it has no end.
+                if let Some(id) = held {
+                    ends.take(&id);
+                }
+                Error::busy(format!("starting a job thread: {e}"))
+            })
     }
 
     /// Readies `req` to run in `sb`: the sandbox is running and offers the language, the
@@ -430,6 +445,7 @@ impl Wasmbox {
         if let Some(p) = req.place.as_mut() {
             p.output = Some(job.output());
         }
+        let end = RunEnd::of(&req, &job.id, Some(&sb.id), "background");
         let run = self.runner(req).await?;
         let ticket = self.inner.jobs.try_take(&sb.owner)?;
         sb.add_job(job.clone())?;
@@ -440,6 +456,7 @@ impl Wasmbox {
             run,
             job.stop.clone(),
             ticket,
+            end,
             move |r| {
                 let r = r.map(|mut r| {
                     quota_note(&sb2, &mut r);
@@ -490,11 +507,12 @@ impl Wasmbox {
                 let bytes = req.code.len();
                 let mut req = req;
                 req.progress = None;
+                let id = format!("exec_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+                let end = RunEnd::of(&req, &id, None, "async");
                 let run = self.runner(req).await?;
                 let place = self.inner.jobs.take_queued(owner, bytes).await?;
                 let owner: engine::cpu::Owner = owner.into();
                 let me2 = self.clone();
-                let id = format!("exec_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
                 let name = format!("wasmbox-async-{id}");
                 (
                     id,
@@ -505,7 +523,7 @@ impl Wasmbox {
                         };
                         let (tx, rx) = tokio::sync::oneshot::channel();
                         let stop = Arc::new(engine::limits::Stop::default());
-                        me2.spawn_background(owner, name, run, stop, ticket, move |r| {
+                        me2.spawn_background(owner, name, run, stop, ticket, end, move |r| {
                             let _ = tx.send(r);
                         })
                         .map_err(|e| e.to_string())?;
@@ -547,6 +565,103 @@ impl Wasmbox {
             sandbox::webhook::deliver(&me.inner.http, url, &me.inner.webhook_key, payload).await;
         }));
         Ok(id)
+    }
+}
+
+impl Wasmbox {
+    /// Writes the end line of every background run the exit cuts short (`shutdown`), so each
+    /// run the audit log saw start is seen to end.
+    pub fn end_runs_at_exit(&self) {
+        let pending = std::mem::take(&mut *self.inner.run_ends.lock());
+        for (_, end) in pending {
+            end.record(Some(engine::limits::StopReason::Shutdown), None);
+        }
+    }
+}
+
+/// The end lines of the background runs still going, by run id: whichever comes first, the
+/// run's end or the server's exit, takes a run's line and writes it.
+#[derive(Default)]
+pub(super) struct RunEnds(std::sync::Mutex<std::collections::HashMap<String, RunEnd>>);
+
+impl RunEnds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, RunEnd>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `end` until its run ends; returns its key.
+    fn hold(&self, end: RunEnd) -> String {
+        let id = end.run_id.clone();
+        self.lock().insert(id.clone(), end);
+        id
+    }
+
+    fn take(&self, id: &str) -> Option<RunEnd> {
+        self.lock().remove(id)
+    }
+}
+
+/// The audit line a background run writes when it ends, naming the call that started it:
+/// that call's own line was written when it answered, before the run's limit or its later
+/// host calls were known.
+pub(super) struct RunEnd {
+    origin: Arc<audit::Origin>,
+    run_id: String,
+    sandbox_id: Option<String>,
+    language: Language,
+    mode: &'static str,
+    started: Instant,
+}
+
+impl RunEnd {
+    /// `None` when the audit log is off.
+    fn of(
+        req: &ExecRequest,
+        run_id: &str,
+        sandbox_id: Option<&str>,
+        mode: &'static str,
+    ) -> Option<Self> {
+        Some(Self {
+            origin: req.audit.clone()?,
+            run_id: run_id.to_string(),
+            sandbox_id: sandbox_id.map(str::to_string),
+            language: req.language,
+            mode,
+            started: Instant::now(),
+        })
+    }
+
+    /// `ran` is the run's result (`None`: it failed in wasmbox, or the exit cut it short).
+    fn record(self, stopped: Option<engine::limits::StopReason>, ran: Option<&ExecResult>) {
+        use engine::limits::StopReason;
+        let took = self.started.elapsed();
+        let status = match (stopped, ran) {
+            (Some(StopReason::Killed), _) => "killed",
+            (Some(StopReason::SandboxGone), _) => "sandbox_gone",
+            (Some(StopReason::Shutdown), _) => "shutdown",
+            (Some(StopReason::Cancelled), _) => "cancelled",
+            (_, None) => "error",
+            (_, Some(r)) if r.limit.is_some() => "limit",
+            (_, Some(r)) if r.exit_code != 0 => "failed",
+            _ => "ok",
+        };
+        audit::record(audit::Call {
+            at: Some(std::time::SystemTime::now()),
+            event: audit::Event::RunEnd,
+            origin: self.origin,
+            run_id: Some(self.run_id),
+            sandbox_id: self.sandbox_id,
+            language: Some(self.language.as_str().to_string()),
+            mode: Some(self.mode.to_string()),
+            duration: took,
+            status,
+            exit_code: ran.map(|r| i64::from(r.exit_code)),
+            limit: ran
+                .and_then(|r| r.limit)
+                .map(|l| serde_json::Value::from(l.as_str())),
+            bytes_out: ran.map(|r| (r.stdout.len() + r.stderr.len()) as u64),
+            ..Default::default()
+        });
     }
 }
 

@@ -63,6 +63,9 @@ struct Inner {
     packages: Arc<crate::packages::Packages>,
     /// Cloud sandboxes, by their wasmbox id.
     cloud_sandboxes: std::sync::Mutex<std::collections::HashMap<String, Arc<CloudSandbox>>>,
+    /// The audit lines of background runs still going, by run id (written as each ends, or
+    /// at exit for those the exit cuts short).
+    run_ends: Arc<exec::RunEnds>,
 }
 
 impl Wasmbox {
@@ -88,6 +91,7 @@ impl Wasmbox {
                 sandboxes,
                 packages: Arc::new(packages),
                 cloud_sandboxes: Default::default(),
+                run_ends: Default::default(),
                 webhook_key,
                 http: sandbox::webhook::client(&config.webhook)
                     .map_err(|e| Error::wasm(format!("building the HTTP client: {e}")))?,

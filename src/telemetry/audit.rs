@@ -1,4 +1,5 @@
-//! The audit log: one JSON line per tool call in `<data dir>/audit.jsonl`, rotated by size.
+//! The audit log: one JSON line per tool call in `<data dir>/audit.jsonl`, rotated by size,
+//! and one more when a background run ends (the call that started it answered long before).
 //!
 //! A call hands its facts over as a plain [`Call`] and goes on: the queue takes it under a short
 //! lock, with no wake (a wake on a sleeping CPU costs the waker tens of microseconds, and a
@@ -51,27 +52,50 @@ pub struct Settings {
 /// placeholders. It sees the whole code, so a value cut at [`CODE_HEAD`] is still found.
 pub type Redact = Box<dyn Fn(String) -> String + Send>;
 
-/// One tool call as the front saw it. `code` is hashed and quoted on the writer, never kept.
+/// The tool call a line belongs to: a call's own line, and the end of a run it started.
 #[derive(Debug, Default)]
-pub struct Call {
-    pub at: Option<SystemTime>,
+pub struct Origin {
     pub request_id: String,
     pub owner: Arc<str>,
     pub transport: &'static str,
     pub tool: String,
+    pub trace_id: Option<String>,
+    /// The host calls its code made (a background run's go on after the call's line).
+    pub host_calls: Arc<HostLog>,
+}
+
+/// What a line records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Event {
+    /// A tool call answered.
+    #[default]
+    Call,
+    /// A background job or async execution ended: its status, limit and host calls.
+    RunEnd,
+}
+
+/// One tool call as the front saw it, or a run's end. `code` is hashed and quoted on the
+/// writer, never kept.
+#[derive(Debug, Default)]
+pub struct Call {
+    pub at: Option<SystemTime>,
+    pub event: Event,
+    pub origin: Arc<Origin>,
+    /// The background job or async execution the call started, or whose end this is.
+    pub run_id: Option<String>,
     pub sandbox_id: Option<String>,
     pub language: Option<String>,
     pub mode: Option<String>,
     pub code: Option<String>,
     pub duration: Duration,
-    /// ok | failed | limit | error | refused | cancelled | input_required
+    /// ok | failed | limit | error | refused | cancelled | input_required; a run's end also
+    /// killed | sandbox_gone | shutdown.
     pub status: &'static str,
     pub error_type: Option<String>,
     pub exit_code: Option<i64>,
     pub limit: Option<serde_json::Value>,
     pub bytes_out: Option<u64>,
-    pub host_calls: Option<Arc<HostLog>>,
-    pub trace_id: Option<String>,
 }
 
 /// The host calls one tool call's code made: the host and status of each HTTP request, the
@@ -243,10 +267,13 @@ struct Line<'a> {
     seq: u64,
     time: String,
     call_id: String,
+    event: Event,
     request_id: &'a str,
     owner: &'a str,
     transport: &'a str,
     tool: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sandbox_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -291,20 +318,19 @@ fn line(call: Call, seq: u64, process: &str, redact: &Redact) -> Vec<u8> {
         }
         None => (None, None),
     };
-    let (host_calls, host_calls_more) = call
-        .host_calls
-        .as_deref()
-        .map(HostLog::taken)
-        .unwrap_or_default();
+    let origin = &*call.origin;
+    let (host_calls, host_calls_more) = origin.host_calls.taken();
     let line = Line {
         v: 1,
         seq,
         time,
         call_id: format!("{process}-{seq}"),
-        request_id: &call.request_id,
-        owner: &call.owner,
-        transport: call.transport,
-        tool: &call.tool,
+        event: call.event,
+        request_id: &origin.request_id,
+        owner: &origin.owner,
+        transport: origin.transport,
+        tool: &origin.tool,
+        run_id: call.run_id.as_deref(),
         sandbox_id: call.sandbox_id.as_deref(),
         language: call.language.as_deref(),
         mode: call.mode.as_deref(),
@@ -318,7 +344,7 @@ fn line(call: Call, seq: u64, process: &str, redact: &Redact) -> Vec<u8> {
         bytes_out: call.bytes_out,
         host_calls,
         host_calls_more,
-        trace_id: call.trace_id.as_deref(),
+        trace_id: origin.trace_id.as_deref(),
     };
     let mut out = serde_json::to_vec(&line).expect("a line serializes");
     out.push(b'\n');
@@ -494,12 +520,15 @@ mod tests {
             });
         }
         let call = Call {
-            owner: "local".into(),
-            transport: "stdio",
-            tool: "execute_code".into(),
+            origin: Arc::new(Origin {
+                owner: "local".into(),
+                transport: "stdio",
+                tool: "execute_code".into(),
+                host_calls: log,
+                ..Default::default()
+            }),
             code: Some(code.clone()),
             status: "ok",
-            host_calls: Some(log),
             ..Default::default()
         };
         let bytes = line(call, 7, "abc", &redact);
@@ -507,6 +536,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(v["seq"], 7);
         assert_eq!(v["call_id"], "abc-7");
+        assert_eq!(v["event"], "call");
         assert_eq!(
             v["code_sha256"],
             hex::encode(Sha256::digest(code.as_bytes()))

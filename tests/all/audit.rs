@@ -234,3 +234,136 @@ async fn audit_off_writes_nothing() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!dir.path().join("audit.jsonl").exists());
 }
+
+/// A background job's or async execution's end is a line of its own, naming the call that
+/// started it (its request id and `run_id`): the call answered at once, so only this line can
+/// say which limit stopped the run, that it was killed or cut short by the server's exit, and
+/// what it reached after the answer. Before, the audit log knew nothing of a run once its call
+/// had answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_runs_end_is_logged_with_its_host_calls() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let a = site().await;
+    let hook = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", hook.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = hook.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = sock.read(&mut buf).await;
+            let _ = sock
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                .await;
+        }
+    });
+    let c = server_with_env(&[
+        ("WASMBOX_DATA", dir.path().to_str().unwrap()),
+        ("WASMBOX_ALLOW_HOSTS", &format!("127.0.0.1:{}", a.port())),
+        ("WASMBOX_ALLOW_PRIVATE_HOSTS", "1"),
+    ])
+    .await;
+    let id = create_sandbox(&c, json!({})).await;
+    let reaches = format!(
+        "import time, urllib.request\ntime.sleep(0.3)\nr = urllib.request.urlopen('http://{a}/auth')\nprint('got', r.status, flush=True)\nwhile True: pass"
+    );
+    let r = ok(
+        &c,
+        "execute_code_background",
+        json!({"sandbox_id": id, "code": reaches, "timeout": 2}),
+    )
+    .await;
+    let stopped = r["process_id"].as_str().unwrap().to_string();
+    let r = ok(
+        &c,
+        "execute_code_background",
+        json!({"sandbox_id": id, "code": "import time\ntime.sleep(60)", "timeout": 60}),
+    )
+    .await;
+    let killed = r["process_id"].as_str().unwrap().to_string();
+    ok(
+        &c,
+        "execute_kill_process",
+        json!({"sandbox_id": id, "process_id": killed}),
+    )
+    .await;
+    let r = ok(
+        &c,
+        "execute_code_async",
+        json!({"code": "print('async')", "callback_url": url}),
+    )
+    .await;
+    let async_id = r["execution_id"].as_str().unwrap().to_string();
+    // Three ends (two jobs at a time are the default), then one the server's exit ends.
+    let ended = |l: &Value| l["event"] == "run_end";
+    for _ in 0..100 {
+        if lines(dir.path(), 6)
+            .await
+            .iter()
+            .filter(|l| ended(l))
+            .count()
+            >= 3
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = ok(
+        &c,
+        "execute_code_background",
+        json!({"sandbox_id": id, "code": "import time\ntime.sleep(60)", "timeout": 60}),
+    )
+    .await;
+    let cut_short = r["process_id"].as_str().unwrap().to_string();
+    c.cancel().await.unwrap();
+
+    // Six calls and four ends.
+    let all = lines(dir.path(), 10).await;
+    let find = |event: &str, run: &str| {
+        all.iter()
+            .find(|l| l["event"] == event && l["run_id"] == run)
+            .unwrap_or_else(|| panic!("no {event} line for {run}: {all:#?}"))
+            .clone()
+    };
+    assert_eq!(all.len(), 10, "{all:#?}");
+    assert_eq!(all.iter().filter(|l| l["event"] == "call").count(), 6);
+    for l in &all {
+        assert_eq!(l["owner"], "local", "{l}");
+        assert_eq!(l["transport"], "stdio", "{l}");
+    }
+    let started = find("call", &stopped);
+    let end = find("run_end", &stopped);
+    assert_eq!(started["tool"], "execute_code_background", "{started}");
+    assert_eq!(end["tool"], "execute_code_background", "{end}");
+    assert_eq!(end["request_id"], started["request_id"]);
+    assert_eq!(end["sandbox_id"], id.as_str());
+    assert_eq!(end["language"], "python");
+    assert_eq!(end["mode"], "background");
+    assert_eq!(end["status"], "limit", "{end}");
+    assert_eq!(end["limit"], "timeout", "{end}");
+    assert!(end["duration_ms"].as_f64().unwrap() >= 1000.0, "{end}");
+    assert!(end["bytes_out"].as_u64().unwrap() >= "got 200\n".len() as u64);
+    assert!(end.get("code_sha256").is_none(), "{end}");
+    assert_eq!(
+        end["host_calls"],
+        json!([{"kind": "http", "host": format!("127.0.0.1:{}", a.port()), "status": 200, "outcome": "ok"}]),
+        "{end}"
+    );
+    let end = find("run_end", &killed);
+    assert_eq!(end["status"], "killed", "{end}");
+    assert_eq!(
+        end["request_id"],
+        find("call", &killed)["request_id"],
+        "{end}"
+    );
+    let end = find("run_end", &async_id);
+    assert_eq!(end["tool"], "execute_code_async", "{end}");
+    assert_eq!(end["mode"], "async");
+    assert_eq!(end["status"], "ok", "{end}");
+    assert_eq!(end["exit_code"], 0);
+    assert_eq!(end["bytes_out"], "async\n".len());
+    assert!(end.get("sandbox_id").is_none(), "{end}");
+    let end = find("run_end", &cut_short);
+    assert_eq!(end["status"], "shutdown", "{end}");
+    assert!(end.get("exit_code").is_none(), "{end}");
+    assert_eq!(all.last().unwrap(), &end, "the exit's line is the last");
+}

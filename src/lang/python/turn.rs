@@ -136,6 +136,7 @@ mod tests {
             owner: "local".into(),
             reach: None,
             packages: Vec::new(),
+            audit: None,
         };
         let t = user_turn(&req);
         assert!(t.contains(r#""A":"x\"y\n""#), "{t}");

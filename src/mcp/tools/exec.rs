@@ -497,7 +497,7 @@ impl WasmboxServer {
             progress: crate::mcp::progress::call_progress(),
             owner: Some(self.owner.clone()),
             consent: crate::mcp::consent::call_consent(),
-            host_log: super::observe::call_host_log(),
+            audit: super::observe::call_origin(),
             ..opts
         }
     }

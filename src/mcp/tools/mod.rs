@@ -381,12 +381,6 @@ impl ServerHandler for WasmboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         tracing::debug!(tool = %request.name, "tool call");
-        let observed = observe::Observed::begin(&request, &context);
-        let tool = if self.router.has_route(&request.name) {
-            request.name.to_string()
-        } else {
-            "unknown".to_string()
-        };
         // Over HTTP the auth layer has named the caller; its sandboxes are the only ones it sees.
         // Only a call with no HTTP request at all is stdio's (the local owner): an HTTP call that
         // reached here unnamed is refused, never served with the local owner's sandboxes.
@@ -399,8 +393,14 @@ impl ServerHandler for WasmboxServer {
             Some(None) => self.owner.clone(),
             None => "unauthenticated".into(),
         };
+        let observed = observe::Observed::begin(&request, &context, who, transport);
+        let tool = if self.router.has_route(&request.name) {
+            request.name.to_string()
+        } else {
+            "unknown".to_string()
+        };
         let answer = observed.scope(self.admit(owner, request, context)).await;
-        observed.end(&tool, who, transport, &answer);
+        observed.end(&tool, &answer);
         Ok(answer)
     }
 

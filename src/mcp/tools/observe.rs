@@ -11,16 +11,17 @@ use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult};
 use rmcp::service::RequestContext;
 use serde_json::Value;
 
-use crate::telemetry::audit::{self, HostLog};
+use crate::telemetry::audit::{self, Origin};
 
 tokio::task_local! {
-    /// Where the running call's host calls are noted (only while the audit log is on).
-    static HOST_LOG: Arc<HostLog>;
+    /// The running call, as its audit lines name it (only while the audit log is on).
+    static ORIGIN: Arc<Origin>;
 }
 
-/// The host-call notes of the tool call this runs in, if the audit log is on.
-pub(super) fn call_host_log() -> Option<Arc<HostLog>> {
-    HOST_LOG.try_with(Arc::clone).ok()
+/// The tool call this runs in, if the audit log is on: its runs note their host calls there,
+/// and a background run names it in the line written when the run ends.
+pub(super) fn call_origin() -> Option<Arc<Origin>> {
+    ORIGIN.try_with(Arc::clone).ok()
 }
 
 /// A tool call being watched, from its arrival to its answer.
@@ -30,12 +31,17 @@ pub(super) struct Observed {
     span: tracing::Span,
     /// The audit line's facts, gathered only while the log is on.
     line: Option<audit::Call>,
-    host_log: Option<Arc<HostLog>>,
 }
 
 impl Observed {
-    /// Starts watching `request`. With the audit log off this reads the clock and nothing else.
-    pub fn begin(request: &CallToolRequestParams, context: &RequestContext<RoleServer>) -> Self {
+    /// Starts watching `request` from `owner` over `transport`. With the audit log off this
+    /// reads the clock and nothing else.
+    pub fn begin(
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+        owner: Arc<str>,
+        transport: &'static str,
+    ) -> Self {
         let started = Instant::now();
         let span = crate::telemetry::trace::call_span(
             &request.name,
@@ -47,7 +53,6 @@ impl Observed {
                 started,
                 span,
                 line: None,
-                host_log: None,
             };
         }
         let arg = |k: &str| {
@@ -58,46 +63,43 @@ impl Observed {
                 .and_then(Value::as_str)
         };
         let short = |k: &str| arg(k).map(cut);
-        let host_log = Arc::new(HostLog::default());
+        let origin = Origin {
+            request_id: request_id(context),
+            owner,
+            transport,
+            tool: cut(&request.name),
+            trace_id: crate::telemetry::trace::trace_id(&span),
+            host_calls: Default::default(),
+        };
         let line = audit::Call {
             at: Some(SystemTime::now()),
-            request_id: request_id(context),
-            tool: cut(&request.name),
+            origin: Arc::new(origin),
             sandbox_id: short("sandbox_id").or_else(|| short("id")),
             language: short("language"),
             mode: short("mode"),
             code: arg("code").or_else(|| arg("command")).map(str::to_string),
-            host_calls: Some(host_log.clone()),
-            trace_id: crate::telemetry::trace::trace_id(&span),
             ..Default::default()
         };
         Self {
             started,
             span,
             line: Some(line),
-            host_log: Some(host_log),
         }
     }
 
-    /// Runs `call` in this call's span, with its host-call notes in scope.
+    /// Runs `call` in this call's span, with its audit origin in scope.
     pub async fn scope<F: std::future::Future>(&self, call: F) -> F::Output {
         use tracing::Instrument;
         let call = call.instrument(self.span.clone());
-        match &self.host_log {
-            Some(log) => HOST_LOG.scope(log.clone(), call).await,
+        match &self.line {
+            Some(line) => ORIGIN.scope(line.origin.clone(), call).await,
             None => call.await,
         }
     }
 
     /// Records the call's answer: `tool` is the name to count it under (a known tool's, or
     /// `unknown`: a client cannot grow the metrics with names of its own).
-    pub fn end(
-        self,
-        tool: &str,
-        owner: Arc<str>,
-        transport: &'static str,
-        answer: &CallToolResponse,
-    ) {
+    pub fn end(self, tool: &str, answer: &CallToolResponse) {
         let facts = Facts::of(answer);
         crate::telemetry::metrics::call(tool, facts.status);
         if !self.span.is_disabled() {
@@ -108,8 +110,7 @@ impl Observed {
         }
         let Some(mut line) = self.line else { return };
         line.duration = self.started.elapsed();
-        line.owner = owner;
-        line.transport = transport;
+        line.run_id = facts.run_id;
         line.status = facts.status;
         line.error_type = facts.error_type;
         line.exit_code = facts.exit_code;
@@ -157,6 +158,8 @@ struct Facts {
     sandbox_id: Option<String>,
     language: Option<String>,
     mode: Option<String>,
+    /// A background or async start's job or execution id.
+    run_id: Option<String>,
 }
 
 impl Facts {
@@ -230,6 +233,7 @@ impl Facts {
             sandbox_id: text("sandbox_id"),
             language: text("language"),
             mode: text("mode"),
+            run_id: text("process_id").or_else(|| text("execution_id")),
         }
     }
 }
