@@ -2,6 +2,7 @@
 //! process that is removed at exit (and by the next server, when a process dies without exiting).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{LangError as Error, Result};
 
@@ -89,7 +90,16 @@ fn scratch_dir(prefix: &str) -> Result<tempfile::TempDir> {
 /// exiting are removed by the next to start.
 pub(crate) fn scratch_root() -> Result<&'static Path> {
     static ROOT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    /// Set as the process exits: threads still at work (a pool's refill) make nothing more
+    /// under the root while it is removed.
+    static LEAVING: AtomicBool = AtomicBool::new(false);
     if let Some(root) = ROOT.get() {
+        if LEAVING.load(Ordering::Acquire) {
+            return Err(Error::io(
+                root,
+                std::io::Error::other("the server is exiting"),
+            ));
+        }
         return Ok(root);
     }
     let tmp = std::env::temp_dir();
@@ -102,8 +112,17 @@ pub(crate) fn scratch_root() -> Result<&'static Path> {
     let root = ROOT.get_or_init(|| made.clone());
     if *root == made {
         extern "C" fn remove_root() {
-            if let Some(root) = ROOT.get() {
-                let _ = std::fs::remove_dir_all(root);
+            LEAVING.store(true, Ordering::Release);
+            let Some(root) = ROOT.get() else { return };
+            // A thread that took the root just before may still add a directory while it
+            // goes (the removal then finds the root not empty): a few more tries.
+            for _ in 0..20 {
+                match std::fs::remove_dir_all(root) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    _ => return,
+                }
             }
         }
         crate::platform::process::at_exit(remove_root);
