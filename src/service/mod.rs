@@ -8,6 +8,7 @@ mod exec;
 mod fork;
 mod hopx;
 mod packages;
+mod run_end;
 mod runtimes;
 mod save;
 mod snapshot;
@@ -65,7 +66,7 @@ struct Inner {
     cloud_sandboxes: std::sync::Mutex<std::collections::HashMap<String, Arc<CloudSandbox>>>,
     /// The audit lines of background runs still going, by run id (written as each ends, or
     /// at exit for those the exit cuts short).
-    run_ends: Arc<exec::RunEnds>,
+    run_ends: Arc<run_end::RunEnds>,
 }
 
 impl Wasmbox {
